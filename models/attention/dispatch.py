@@ -1,0 +1,49 @@
+"""One entry point per attention op; the models call only these.
+
+Backends share the reference signature (``models.attention.reference``):
+- ``reference``: pad + mask, plain PyTorch (tests, tiny batches);
+- ``jagged``: the CPU fast path that does not pay for padding (``models.attention.jagged``);
+- ``triton``: GPU kernels (``models.attention.triton``), imported only when chosen, so a machine without
+  Triton never imports it.
+``auto`` picks ``triton`` for CUDA tensors when Triton is importable, else ``jagged``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from functools import cache
+from typing import Literal
+
+import torch
+
+Backend = Literal["auto", "reference", "jagged", "triton"]
+_MODULES = {
+    "reference": "models.attention.reference",
+    "jagged": "models.attention.jagged",
+    "triton": "models.attention.triton",
+}
+
+
+@cache
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve(backend: Backend, device: torch.device) -> str:
+    if backend != "auto":
+        return backend
+    return "triton" if device.type == "cuda" and _triton_available() else "jagged"
+
+
+def _op(backend: Backend, device: torch.device, name: str):
+    module = importlib.import_module(_MODULES[resolve(backend, device)])
+    return getattr(module, name)
+
+
+def jagged_self_attention(q, k, v, offsets, *, backend: Backend = "auto", **kwargs) -> torch.Tensor:
+    return _op(backend, q.device, "jagged_self_attention")(q, k, v, offsets, **kwargs)
+
+
+def jagged_cross_attention(q, q_offsets, k, v, kv_offsets, *, backend: Backend = "auto") -> torch.Tensor:
+    return _op(backend, q.device, "jagged_cross_attention")(q, q_offsets, k, v, kv_offsets)

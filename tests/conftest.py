@@ -1,0 +1,35 @@
+"""Shared fixtures: repo paths, the shared datasets (skipped cleanly when absent), a fresh workspace."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gemflow.workspace import Workspace
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def movielens_dir() -> Path:
+    path = SHARED_DATA / "movielens-100k"
+    if not (path / "ml-100k.inter.gz").exists():
+        pytest.skip(f"MovieLens-100K not found at {path} (it lives in ../shared/data, never in the repo)")
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Workspace:
+    return Workspace(tmp_path / "ws")
