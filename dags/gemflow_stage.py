@@ -1,0 +1,90 @@
+"""How a DAG task runs one gemflow stage — the only place that knows the two execution modes.
+
+``GEMFLOW_MODE=local`` (default): the task calls the ``gemflow`` CLI of the project environment
+(``GEMFLOW_BIN``, default ``<repo>/.venv/bin/gemflow``); Airflow and the ML stack live in separate
+interpreters (their pins conflict), so a subprocess is the boundary.
+``GEMFLOW_MODE=cluster``: the task runs the same command in the project image with ``KubernetesPodOperator``.
+
+Stages signal a rejected data partition with exit code ``GATE_FAILED_EXIT``; the task then fails without
+retries (``AirflowFailException``): retrying cannot fix bad data.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow.sdk import Asset
+from airflow.sdk.exceptions import AirflowFailException
+
+GATE_FAILED_EXIT = 3  # keep in sync with gemflow.commands.common.GATE_FAILED_EXIT
+
+# Assets chain the DAGs: each stage publishes what the next one is scheduled on.
+FEATURES = Asset(name="gemflow.features", uri="gemflow://features/ingested")
+USER_MODEL = Asset(name="gemflow.user_model", uri="gemflow://models/user")
+CHAMPION = Asset(name="gemflow.champion", uri="gemflow://registry/champion")
+EMBEDDINGS = Asset(name="gemflow.embeddings", uri="gemflow://features/user_embedding")
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    mode: str
+    gemflow_bin: str
+    workspace: str
+    image: str
+    namespace: str
+    service_account: str
+
+    @classmethod
+    def from_env(cls) -> StageSettings:
+        repo = Path(__file__).resolve().parents[1]
+        mode = os.environ.get("GEMFLOW_MODE", "local")
+        if mode not in ("local", "cluster"):
+            raise ValueError(f"GEMFLOW_MODE must be 'local' or 'cluster', got {mode!r}")
+        return cls(
+            mode=mode,
+            gemflow_bin=os.environ.get("GEMFLOW_BIN", str(repo / ".venv" / "bin" / "gemflow")),
+            workspace=os.environ.get("GEMFLOW_HOME", str(repo / "workspace")),
+            image=os.environ.get("GEMFLOW_IMAGE", "ghcr.io/gemflow/gemflow:0.1.0"),
+            namespace=os.environ.get("GEMFLOW_NAMESPACE", "gemflow"),
+            service_account=os.environ.get("GEMFLOW_SERVICE_ACCOUNT", "gemflow-stage-runner"),
+        )
+
+
+def run_cli(args: list[str], gemflow_bin: str, workspace: str) -> None:
+    """Run one CLI stage, streaming its output into the task log."""
+    env = {**os.environ, "GEMFLOW_HOME": workspace}
+    proc = subprocess.run([gemflow_bin, *args], env=env, check=False)
+    if proc.returncode == GATE_FAILED_EXIT:
+        raise AirflowFailException(f"gemflow {' '.join(args)}: the validation gate rejected the partition")
+    if proc.returncode:
+        raise RuntimeError(f"gemflow {' '.join(args)} exited with {proc.returncode}")
+
+
+def stage_task(task_id: str, *args: str, outlets: tuple[Asset, ...] = (), retries: int = 2):
+    """An operator running ``gemflow <args>`` (args are Jinja-templated, e.g. ``{{ ds }}``)."""
+    s = StageSettings.from_env()
+    common = {"task_id": task_id, "outlets": list(outlets), "retries": retries}
+    if s.mode == "local":
+        from airflow.providers.standard.operators.python import PythonOperator
+
+        return PythonOperator(
+            python_callable=run_cli, op_args=[list(args), s.gemflow_bin, s.workspace], **common
+        )
+
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    return KubernetesPodOperator(
+        name=f"gemflow-{task_id}".replace("_", "-"),
+        image=s.image,
+        cmds=["gemflow"],
+        arguments=list(args),
+        namespace=s.namespace,
+        service_account_name=s.service_account,
+        env_vars={"GEMFLOW_HOME": "/data/gemflow"},
+        get_logs=True,
+        on_finish_action="delete_succeeded_pod",
+        **common,
+    )
