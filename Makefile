@@ -20,7 +20,7 @@ $(VENV)/.installed: requirements/project.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q --no-deps -r requirements/project.lock
-	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 # Airflow environment: apache-airflow 3 + cncf.kubernetes; it calls the project CLI in $(VENV).
