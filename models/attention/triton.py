@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,8 @@ def _interpreting() -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- kernels
+# Kernel signatures stay grouped by role (tensors, offsets, strides, sizes, flags), hence no formatter here.
+# fmt: off
 
 
 @triton.jit
@@ -100,7 +103,7 @@ def _score_bias(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, OUT, LSE,
     q_offsets, kv_offsets, sched_seq, sched_start,
     pos_bias, time_bias, ts,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -158,7 +161,7 @@ def _fwd_kernel(
     has_keys = l_i > 0.0  # a cross-attention query whose sequence has no keys returns zeros
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), 0.0)
-    tl.store(O + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+    tl.store(OUT + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + q_rows * num_heads + h, lse, mask=row_ok)
 
@@ -303,6 +306,9 @@ def _bwd_dq_kernel(
         tl.atomic_add(DTIME + h * num_time_buckets + bins, dtime, mask=bins < num_time_buckets)
 
 
+# fmt: on
+
+
 # ----------------------------------------------------------------------------------------------- host side
 
 
@@ -329,7 +335,11 @@ def _configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict[st
     }
 
 
-def _schedule(lengths: torch.Tensor, block: int, work: torch.Tensor | None = None):
+def _schedule(
+    lengths: torch.Tensor,
+    block: int,
+    work: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+):
     """Flattened list of (sequence, local start) blocks covering every sequence, heaviest first.
 
     ``work`` gives each block's cost (defaults to equal); sorting heaviest-first shortens the tail when
@@ -339,7 +349,9 @@ def _schedule(lengths: torch.Tensor, block: int, work: torch.Tensor | None = Non
     count = int(n_blocks.sum())
     if count == 0:
         return None, None, 0
-    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), n_blocks, output_size=count)
+    seq = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=lengths.device), n_blocks, output_size=count
+    )
     first = torch.cumsum(n_blocks, 0) - n_blocks
     start = (torch.arange(count, device=lengths.device) - first[seq]) * block
     if work is not None:
@@ -377,7 +389,9 @@ def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.d
     offsets = offsets.to(torch.int64).contiguous()
     lens = offsets[1:] - offsets[:-1]
     # One sync for all three checks; jagged offsets that lie would make the kernels read out of bounds.
-    first, last, min_len = torch.stack([offsets[0], offsets[-1], lens.min() if lens.numel() else offsets[0]]).tolist()
+    first, last, min_len = torch.stack(
+        [offsets[0], offsets[-1], lens.min() if lens.numel() else offsets[0]]
+    ).tolist()
     if first != 0 or last != total or min_len < 0:
         raise ValueError(
             f"{name} must start at 0, never decrease and end at the number of rows ({total}); "
@@ -399,11 +413,15 @@ def _check_values(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> 
         if t.dtype not in _SUPPORTED_DTYPES:
             raise ValueError(f"{name} has dtype {t.dtype}; the triton backend supports {_SUPPORTED_DTYPES}")
         if t.dtype != ref.dtype or t.device != ref.device:
-            raise ValueError(f"{names[0]} and {name} must share dtype and device ({ref.dtype}/{ref.device} vs "
-                             f"{t.dtype}/{t.device})")
+            raise ValueError(
+                f"{names[0]} and {name} must share dtype and device ({ref.dtype}/{ref.device} vs "
+                f"{t.dtype}/{t.device})"
+            )
         if t.shape[1:] != ref.shape[1:]:
-            raise ValueError(f"{names[0]} and {name} must share (heads, head_dim), got {tuple(ref.shape)} "
-                             f"vs {tuple(t.shape)}")
+            raise ValueError(
+                f"{names[0]} and {name} must share (heads, head_dim), got {tuple(ref.shape)} "
+                f"vs {tuple(t.shape)}"
+            )
     if ref.shape[2] > _MAX_HEAD_DIM:
         raise ValueError(f"head_dim {ref.shape[2]} is above the supported maximum of {_MAX_HEAD_DIM}")
 
@@ -433,8 +451,15 @@ class _Bias:
         pos = self.pos if self.pos is not None else dummy
         time = self.time if self.time is not None else dummy
         ts = self.ts if self.ts is not None else dummy
-        return (pos, time, ts, pos.stride(0) if self.pos is not None else 0,
-                time.stride(0) if self.time is not None else 0, self.max_rel, self.num_time_buckets)
+        return (
+            pos,
+            time,
+            ts,
+            pos.stride(0) if self.pos is not None else 0,
+            time.stride(0) if self.time is not None else 0,
+            self.max_rel,
+            self.num_time_buckets,
+        )
 
 
 def _check_bias(pos_bias, time_bias, timestamps, q: torch.Tensor) -> _Bias:
@@ -445,7 +470,9 @@ def _check_bias(pos_bias, time_bias, timestamps, q: torch.Tensor) -> _Bias:
         if table.dim() != 2 or table.shape[0] != heads:
             raise ValueError(f"{name} must be (heads={heads}, buckets), got shape {tuple(table.shape)}")
         if table.device != q.device or not table.is_floating_point():
-            raise ValueError(f"{name} must be a floating tensor on {q.device}, got {table.dtype} on {table.device}")
+            raise ValueError(
+                f"{name} must be a floating tensor on {q.device}, got {table.dtype} on {table.device}"
+            )
     if pos_bias is not None and pos_bias.shape[1] % 2 != 1:
         raise ValueError(f"pos_bias needs an odd number of columns (2R + 1), got {pos_bias.shape[1]}")
     ts = None
@@ -453,8 +480,10 @@ def _check_bias(pos_bias, time_bias, timestamps, q: torch.Tensor) -> _Bias:
         if timestamps is None:
             raise ValueError("time_bias needs timestamps (one per row of q, in seconds)")
         if timestamps.shape != (q.shape[0],) or timestamps.device != q.device:
-            raise ValueError(f"timestamps must be ({q.shape[0]},) on {q.device}, got {tuple(timestamps.shape)} on "
-                             f"{timestamps.device}")
+            raise ValueError(
+                f"timestamps must be ({q.shape[0]},) on {q.device}, got {tuple(timestamps.shape)} on "
+                f"{timestamps.device}"
+            )
         if timestamps.dtype in (torch.int64, torch.float32, torch.float64):
             ts = timestamps.contiguous()
         else:  # narrow types: difference them in a wide type so that nothing overflows
@@ -478,18 +507,45 @@ def _forward(q, k, v, q_offsets, kv_offsets, causal: bool, bias: _Bias):
         return out, lse
     precision, upcast = _precision(q.dtype)
     _fwd_kernel[(count * heads,)](
-        q, k, v, out, lse, q_offsets, kv_offsets, seq, start, *bias.args(lse)[:3],
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        *bias.args(lse)[3:], heads, head_dim, 1.0 / math.sqrt(head_dim),
-        CAUSAL=causal, HAS_POS=bias.pos is not None, HAS_TIME=bias.time is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        PRECISION=precision, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        q_offsets,
+        kv_offsets,
+        seq,
+        start,
+        *bias.args(lse)[:3],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *bias.args(lse)[3:],
+        heads,
+        head_dim,
+        1.0 / math.sqrt(head_dim),
+        CAUSAL=causal,
+        HAS_POS=bias.pos is not None,
+        HAS_TIME=bias.time is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        PRECISION=precision,
+        UPCAST=upcast,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out, lse
 
 
-def _backward(do, q, k, v, out, lse, q_offsets, kv_offsets, causal: bool, bias: _Bias, pos_grad: bool,
-              time_grad: bool):
+def _backward(
+    do, q, k, v, out, lse, q_offsets, kv_offsets, causal: bool, bias: _Bias, pos_grad: bool, time_grad: bool
+):
     total_q, heads, head_dim = q.shape
     do = _rows_contiguous(do)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -505,35 +561,94 @@ def _backward(do, q, k, v, out, lse, q_offsets, kv_offsets, causal: bool, bias: 
     kv_lens = kv_offsets[1:] - kv_offsets[:-1]
     precision, upcast = _precision(q.dtype)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    common = dict(CAUSAL=causal, HAS_POS=bias.pos is not None, HAS_TIME=bias.time is not None, BLOCK_D=block_d,
-                  PRECISION=precision, UPCAST=upcast)
+    common = dict(
+        CAUSAL=causal,
+        HAS_POS=bias.pos is not None,
+        HAS_TIME=bias.time is not None,
+        BLOCK_D=block_d,
+        PRECISION=precision,
+        UPCAST=upcast,
+    )
     bias_args = bias.args(lse)
-    qkv_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                   do.stride(0), do.stride(1))
+    qkv_strides = (
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+    )
     scale = 1.0 / math.sqrt(head_dim)
 
     cfg = cfgs["dkdv"]
     seq, start, count = _schedule(kv_lens, cfg.block_n, _queries_scanned(q_lens, causal))
     if count:
         _bwd_dkdv_kernel[(count * heads,)](
-            q, k, v, do, dk, dv, lse, delta, q_offsets, kv_offsets, seq, start, *bias_args[:3],
-            *qkv_strides, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-            *bias_args[3:], heads, head_dim, scale,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+            q,
+            k,
+            v,
+            do,
+            dk,
+            dv,
+            lse,
+            delta,
+            q_offsets,
+            kv_offsets,
+            seq,
+            start,
+            *bias_args[:3],
+            *qkv_strides,
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            *bias_args[3:],
+            heads,
+            head_dim,
+            scale,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            **common,
         )
 
     cfg = cfgs["dq"]
     seq, start, count = _schedule(q_lens, cfg.block_m, _keys_scanned(kv_lens, cfg.block_m, causal))
     if count:
         _bwd_dq_kernel[(count * heads,)](
-            q, k, v, do, dq, lse, delta, q_offsets, kv_offsets, seq, start, *bias_args[:3],
-            dpos if pos_grad else lse, dtime if time_grad else lse,
-            *qkv_strides, dq.stride(0), dq.stride(1),
-            *bias_args[3:], heads, head_dim, scale,
-            POS_GRAD=pos_grad, TIME_GRAD=time_grad,
+            q,
+            k,
+            v,
+            do,
+            dq,
+            lse,
+            delta,
+            q_offsets,
+            kv_offsets,
+            seq,
+            start,
+            *bias_args[:3],
+            dpos if pos_grad else lse,
+            dtime if time_grad else lse,
+            *qkv_strides,
+            dq.stride(0),
+            dq.stride(1),
+            *bias_args[3:],
+            heads,
+            head_dim,
+            scale,
+            POS_GRAD=pos_grad,
+            TIME_GRAD=time_grad,
             POS_BINS=triton.next_power_of_2(2 * bias.max_rel + 1),
             TIME_BINS=triton.next_power_of_2(bias.num_time_buckets),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            **common,
         )
     else:
         dq.zero_()
@@ -559,11 +674,20 @@ class _JaggedAttention(torch.autograd.Function):
         bias = _Bias(pos_bias, time_bias, ts)
         pos_grad = pos_bias is not None and ctx.needs_input_grad[6]
         time_grad = time_bias is not None and ctx.needs_input_grad[7]
-        dq, dk, dv, dpos, dtime = _backward(do, q, k, v, out, lse, q_offsets, kv_offsets, ctx.causal, bias,
-                                            pos_grad, time_grad)
-        return (dq, dk, dv, None, None, None,
-                dpos.to(pos_bias.dtype) if pos_grad else None,
-                dtime.to(time_bias.dtype) if time_grad else None, None)
+        dq, dk, dv, dpos, dtime = _backward(
+            do, q, k, v, out, lse, q_offsets, kv_offsets, ctx.causal, bias, pos_grad, time_grad
+        )
+        return (
+            dq,
+            dk,
+            dv,
+            None,
+            None,
+            None,
+            dpos.to(pos_bias.dtype) if pos_grad else None,
+            dtime.to(time_bias.dtype) if time_grad else None,
+            None,
+        )
 
 
 def jagged_self_attention(
@@ -580,7 +704,9 @@ def jagged_self_attention(
     """Softmax attention within each jagged sequence. q, k, v: (total, H, D); timestamps: (total,) seconds."""
     _check_values(("q", "k", "v"), (q, k, v))
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
-        raise ValueError(f"q, k, v must have the same number of rows, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+        raise ValueError(
+            f"q, k, v must have the same number of rows, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
+        )
     offsets = _check_offsets("offsets", offsets, q.shape[0], q.device)
     bias = _check_bias(pos_bias, time_bias, timestamps, q)
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
@@ -601,7 +727,9 @@ def jagged_cross_attention(
     q_offsets = _check_offsets("q_offsets", q_offsets, q.shape[0], q.device)
     kv_offsets = _check_offsets("kv_offsets", kv_offsets, k.shape[0], q.device)
     if q_offsets.numel() != kv_offsets.numel():
-        raise ValueError(f"q_offsets and kv_offsets must describe the same number of sequences, got "
-                         f"{q_offsets.numel() - 1} and {kv_offsets.numel() - 1}")
+        raise ValueError(
+            f"q_offsets and kv_offsets must describe the same number of sequences, got "
+            f"{q_offsets.numel() - 1} and {kv_offsets.numel() - 1}"
+        )
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
     return _JaggedAttention.apply(q, k, v, q_offsets, kv_offsets, False, None, None, None)
