@@ -1,0 +1,111 @@
+"""Dataclass configs of the GEM model family and of one training run (YAML + ``--set`` overrides).
+
+``TrainRunConfig`` is what ``gemflow train`` loads: which model, which training set, the model's shape, the
+optimizer and the tracking settings. Ablations are flags here, never separate code paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class UserModelConfig:
+    """Offline user model: a deep transformer over the jagged history -> K cached user tokens."""
+
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    ffn_mult: int = 4
+    dropout: float = 0.0
+    max_history: int = 512  # events read per user (the most recent ones); works up to >= 4096
+    causal: bool = True  # causal lets the next-event loss train on every position
+    num_user_tokens: int = 4  # K summary queries -> K user tokens (the cached embedding)
+    max_rel_pos: int = 64  # relative position bias covers |i - j| <= max_rel_pos
+    time_buckets: int = 32  # log2 buckets of time gaps (seconds) for tokens and the attention bias
+    next_event_weight: float = 0.1  # sampled-softmax next-ad loss on the history; 0 disables it
+    num_negatives: int = 64  # shared uniform negatives for the sampled softmax
+    pooling: str = "transformer"  # ablation: "mean" = mean-pooled history tokens, no attention
+    attention_backend: str = "auto"
+
+
+@dataclass
+class RankerConfig:
+    """Online ranker: candidates attend over [cached user tokens ++ recent fresh events]."""
+
+    d_model: int = 64
+    num_layers: int = 2  # stacked target-aware blocks
+    num_heads: int = 4
+    ffn_mult: int = 4
+    dropout: float = 0.0
+    recent_events: int = 64  # fresh events read at request time (features.schema.RECENT_EVENTS)
+    time_buckets: int = 32
+    interaction_layers: int = 1  # self-attention layers over one candidate's feature tokens
+    pooling: str = "target"  # "target" (target-aware MHA) | "mean" | "din" (ablations)
+    use_user_tokens: bool = True  # False = the online-only ablation
+    num_user_tokens: int = 4  # how the flat cached embedding splits into tokens
+    # Where the cached user tokens come from: "" = the training set's ``user_embedding`` column; a user-model
+    # run directory = embed every example's history (as of its cut) with that model.
+    user_model: str = ""
+    attention_backend: str = "auto"
+
+
+@dataclass
+class OptimConfig:
+    epochs: int = 5
+    batch_size: int = 256
+    eval_batch_size: int = 1024
+    lr: float = 2e-3  # dense parameters, AdamW
+    weight_decay: float = 1e-4
+    sparse_lr: float = 0.05  # embedding rows, fused row-wise Adagrad applied in backward
+    grad_clip: float = 1.0
+    patience: int = 2  # early stopping on validation NE
+    conversion_weight: float = 1.0  # weight of the conversion loss next to the click loss
+    seed: int = 0
+    max_train_examples: int = 0  # 0 = all; >0 = a deterministic subsample (quick runs)
+    log_every: int = 10  # steps between per-step loss logs
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    tracking_uri: str = ""  # "" = sqlite:///<ws.mlflow>/mlflow.db with artifacts under <ws.mlflow>/artifacts
+    experiment: str = "gemflow"
+    run_name: str = ""
+
+
+@dataclass
+class TrainRunConfig:
+    model: str = "user"  # "user" | "ranker"
+    training_set: str = "default"  # ws.training(<name>) or a path to a training-set folder
+    output_dir: str = ""  # "" = <workspace>/models/<model>/<run name>
+    split_mode: str = "time"  # "time" (the set's split column) | "leave_one_out" (positive-only logs)
+    resume: bool = True  # continue from output_dir/checkpoint.pt when it exists
+    user_model: UserModelConfig = field(default_factory=UserModelConfig)
+    ranker: RankerConfig = field(default_factory=RankerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+def validate(cfg: TrainRunConfig) -> None:
+    """Reject combinations that would train something meaningless, with a message naming the key."""
+    if cfg.model not in ("user", "ranker"):
+        raise ValueError(f"model must be 'user' or 'ranker', got {cfg.model!r}")
+    if cfg.split_mode not in ("time", "leave_one_out"):
+        raise ValueError(f"split_mode must be 'time' or 'leave_one_out', got {cfg.split_mode!r}")
+    um, rk = cfg.user_model, cfg.ranker
+    if um.pooling not in ("transformer", "mean"):
+        raise ValueError(f"user_model.pooling must be 'transformer' or 'mean', got {um.pooling!r}")
+    if um.next_event_weight > 0 and not um.causal and um.pooling == "transformer":
+        raise ValueError(
+            "user_model.next_event_weight > 0 needs user_model.causal=true (else the target leaks)"
+        )
+    if rk.pooling not in ("target", "mean", "din"):
+        raise ValueError(f"ranker.pooling must be 'target', 'mean' or 'din', got {rk.pooling!r}")
+    for name, m in (("user_model", um), ("ranker", rk)):
+        if m.d_model % m.num_heads:
+            raise ValueError(
+                f"{name}.d_model={m.d_model} must be divisible by {name}.num_heads={m.num_heads}"
+            )
+    if cfg.optim.epochs < 1 or cfg.optim.batch_size < 1:
+        raise ValueError("optim.epochs and optim.batch_size must be >= 1")

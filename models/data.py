@@ -1,0 +1,412 @@
+"""Batches from a training set (``features.training_sets``' on-disk contract), jagged end to end.
+
+A training set folder holds ``sequences.parquet`` (one row per user, one list column per history field),
+``examples.parquet`` (one row per impression: ``user_row`` + ``cut`` locate its history),
+``ranker.parquet`` (the examples joined point-in-time with Feast features) and ``manifest.json``.
+Arrow list columns are already values + offsets: we keep them flat and slice each example's history
+``[max(0, cut - L), cut)`` by index arithmetic, never padding.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
+
+EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
+CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
+LABELS = ("click", "conversion")
+EXAMPLE_COLUMNS = ("user_id", "user_row", "cut", "ad_id", "advertiser_id", "category_id", "surface", "ts")
+# Columns of ranker.parquet that are ids, labels or bookkeeping, never dense model inputs.
+NOT_DENSE = {
+    "example_id", "user_id", "user_row", "cut", "ad_id", "advertiser_id", "category_id", "surface", "ts",
+    "click", "conversion", "split", "gender", "country", "age", "user_embedding", "model_version",
+    "event_timestamp", "created", "created_ts",
+}  # fmt: skip
+
+
+class TrainingSetError(ValueError):
+    """A training-set folder is missing a file or a column, or holds inconsistent rows."""
+
+
+def time_bucket(gap_seconds: np.ndarray | torch.Tensor, num_buckets: int):
+    """floor(log2(1 + |gap|)) clamped to the table: the same buckets as the attention's time bias."""
+    if isinstance(gap_seconds, torch.Tensor):
+        return torch.floor(torch.log2(1.0 + gap_seconds.abs().double())).long().clamp(0, num_buckets - 1)
+    return np.clip(
+        np.floor(np.log2(1.0 + np.abs(gap_seconds.astype(np.float64)))), 0, num_buckets - 1
+    ).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------------- batch types
+@dataclass
+class Events:
+    """Jagged events of B sequences: one (total,) tensor per field, ``offsets`` (B + 1,)."""
+
+    ad_id: torch.Tensor
+    action: torch.Tensor
+    surface: torch.Tensor
+    category_id: torch.Tensor
+    advertiser_id: torch.Tensor
+    ts: torch.Tensor  # int64 seconds
+    gap_bucket: torch.Tensor  # bucketed time gap (to the sequence's last event, or to the request time)
+    offsets: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.offsets.numel() - 1
+
+
+@dataclass
+class Candidates:
+    """N candidate ads (ids + dense features), ``offsets`` (B + 1,) grouping them by user/request."""
+
+    ad_id: torch.Tensor
+    advertiser_id: torch.Tensor
+    category_id: torch.Tensor
+    surface: torch.Tensor
+    dense: torch.Tensor  # (N, F) float32, already normalized
+    offsets: torch.Tensor
+
+    def select(self, idx: torch.Tensor) -> Candidates:
+        """A subset of candidates as one group each (tests: compare one-by-one with many-at-once)."""
+        kw = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "offsets"}
+        return Candidates(**kw, offsets=torch.arange(idx.numel() + 1))
+
+
+@dataclass
+class Profile:
+    """User-side context for the ranker, one row per user/request."""
+
+    user_id: torch.Tensor
+    gender: torch.Tensor
+    country: torch.Tensor
+    dense: torch.Tensor  # (B, P) float32 (age, normalized)
+
+
+@dataclass
+class Batch:
+    history: Events  # user model: the long history; ranker: the recent fresh events
+    candidates: Candidates
+    labels: torch.Tensor  # (N, 2) float32: click, conversion
+    profile: Profile
+    user_tokens: torch.Tensor | None = None  # ranker: (B, K, d_user) cached user embedding
+    user_token_mask: torch.Tensor | None = None  # (B,) bool: row has a cached embedding
+
+    def to(self, device: torch.device) -> Batch:
+        def move(x):
+            if isinstance(x, torch.Tensor):
+                return x.to(device)
+            if x is None:
+                return None
+            return replace(x, **{f.name: move(getattr(x, f.name)) for f in fields(x)})
+
+        return move(self)
+
+
+# ----------------------------------------------------------------------------------------------- the set
+@dataclass
+class DenseSpec:
+    """Dense feature columns and their normalization (log1p of magnitudes, then train-split z-scores)."""
+
+    columns: list[str]
+    mean: list[float]
+    std: list[float]
+
+    def apply(self, frame: pd.DataFrame) -> np.ndarray:
+        if not self.columns:
+            return np.zeros((len(frame), 0), np.float32)
+        missing = [c for c in self.columns if c not in frame]
+        if missing:
+            raise TrainingSetError(f"dense feature column(s) {missing} are missing from the training set")
+        x = _squash(frame[self.columns].to_numpy(np.float64))
+        return ((x - np.array(self.mean)) / np.array(self.std)).astype(np.float32)
+
+    @classmethod
+    def fit(cls, frame: pd.DataFrame, columns: list[str]) -> DenseSpec:
+        x = _squash(frame[columns].to_numpy(np.float64)) if columns else np.zeros((1, 0))
+        mean = np.nanmean(x, axis=0) if len(x) else np.zeros(len(columns))
+        std = np.nanstd(x, axis=0) if len(x) else np.ones(len(columns))
+        return cls(columns, np.nan_to_num(mean).tolist(), np.where(std > 1e-6, std, 1.0).tolist())
+
+
+def _squash(x: np.ndarray) -> np.ndarray:
+    return np.nan_to_num(np.sign(x) * np.log1p(np.abs(x)))
+
+
+class TrainingSet:
+    """One training-set folder loaded into flat arrays: histories stay values + offsets."""
+
+    def __init__(self, path: Path, *, require_ranker: bool = False):
+        self.path = Path(path)
+        for name in ("sequences.parquet", "examples.parquet"):
+            if not (self.path / name).exists():
+                raise TrainingSetError(f"{self.path} is not a training set: {name} is missing")
+        self.manifest = _read_json(self.path / "manifest.json")
+        self._load_sequences(pq.read_table(self.path / "sequences.parquet"))
+        self.examples = _normalize_examples(pd.read_parquet(self.path / "examples.parquet"), self.path)
+        self.ranker: pd.DataFrame | None = None
+        if (self.path / "ranker.parquet").exists():
+            self.ranker = _align_ranker(pd.read_parquet(self.path / "ranker.parquet"), self.examples)
+        elif require_ranker:
+            raise TrainingSetError(
+                f"{self.path}/ranker.parquet is missing (the ranker trains on Feast features)"
+            )
+        bad = (self.examples["user_row"] < 0) | (self.examples["user_row"] >= self.num_users)
+        if bad.any():
+            raise TrainingSetError(
+                f"{int(bad.sum())} example(s) point at a user_row outside sequences.parquet"
+            )
+        too_long = self.examples["cut"].to_numpy() > self.seq_lengths[self.examples["user_row"].to_numpy()]
+        if too_long.any():
+            raise TrainingSetError(f"{int(too_long.sum())} example(s) have a cut beyond their user's history")
+        self.vocab = self._vocab()
+
+    def _load_sequences(self, table: pa.Table) -> None:
+        missing = [f for f in HISTORY_FIELDS if f not in table.column_names]
+        if missing:
+            raise TrainingSetError(f"sequences.parquet lacks history column(s) {missing}")
+        self.num_users = table.num_rows
+        self.seq_values: dict[str, np.ndarray] = {}
+        offsets = None
+        for name in HISTORY_FIELDS:
+            col = table.column(name).combine_chunks()
+            if col.null_count:
+                raise TrainingSetError(f"sequences.parquet column {name!r} has null lists")
+            col_offsets = col.offsets.to_numpy().astype(np.int64)
+            col_offsets = col_offsets - col_offsets[0]
+            if offsets is not None and not np.array_equal(offsets, col_offsets):
+                raise TrainingSetError(
+                    f"sequences.parquet column {name!r} is not aligned with the other fields"
+                )
+            offsets = col_offsets
+            self.seq_values[name] = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        self.seq_offsets = offsets if offsets is not None else np.zeros(1, np.int64)
+        self.seq_lengths = np.diff(self.seq_offsets)
+
+    def _vocab(self) -> dict[str, int]:
+        """Rows per table: the manifest's sizes, raised to what the data actually holds."""
+        sizes = dict(self.manifest.get("vocab_sizes") or self.manifest.get("vocab") or {})
+        seen = {
+            "action": len(ACTIONS),
+            "surface": len(SURFACES),
+            "gender": len(GENDERS),
+            "user_id": int(self.examples["user_id"].max()) + 1 if len(self.examples) else 1,
+        }
+        for f in ("ad_id", "category_id", "advertiser_id", "action", "surface"):
+            vals = [self.seq_values[f].max(initial=-1), self.examples[f].max() if f in self.examples else -1]
+            seen[f] = max(seen.get(f, 0), int(max(vals)) + 1)
+        if self.ranker is not None:
+            for f in ("gender", "country"):
+                if f in self.ranker:
+                    seen[f] = max(seen.get(f, 0), int(self.ranker[f].max()) + 1)
+        seen.setdefault("country", 1)
+        return {k: max(int(sizes.get(k, 0)), v, 1) for k, v in seen.items()}
+
+    # ------------------------------------------------------------------------------------------- slicing
+    def split_rows(self, split: str) -> np.ndarray:
+        return np.flatnonzero(self.examples["split"].to_numpy() == split)
+
+    def history(
+        self, rows: np.ndarray, max_len: int, num_buckets: int, *, gap_to: str, last_n: int | None = None
+    ) -> Events:
+        """Each example's events ``[max(0, cut - L), cut)``, flat. ``gap_to``: "last" event or "request" time."""
+        ex = self.examples
+        user_row = ex["user_row"].to_numpy()[rows]
+        cut = ex["cut"].to_numpy()[rows]
+        take = min(max_len, last_n) if last_n else max_len
+        base = self.seq_offsets[user_row]
+        start = base + np.maximum(0, cut - take)
+        end = base + cut
+        return self._events(start, end, num_buckets, gap_to, ex["ts"].to_numpy()[rows])
+
+    def _events(self, start, end, num_buckets, gap_to, request_ts) -> Events:
+        lens = (end - start).astype(np.int64)
+        offsets = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        idx = np.repeat(start - offsets[:-1], lens) + np.arange(offsets[-1])
+        vals = {f: self.seq_values[f][idx] for f in HISTORY_FIELDS}
+        if gap_to == "last":
+            last = np.where(lens > 0, self.seq_values["ts"][np.maximum(end - 1, 0)], 0)
+            anchor = np.repeat(last, lens)
+        else:
+            anchor = np.repeat(request_ts, lens)
+        gap = time_bucket(anchor - vals["ts"], num_buckets)
+        t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in vals.items()}
+        return Events(**t, gap_bucket=torch.from_numpy(gap), offsets=torch.from_numpy(offsets))
+
+    def candidates(self, rows: np.ndarray, dense: np.ndarray) -> Candidates:
+        ex = self.examples
+        t = {f: torch.from_numpy(ex[f].to_numpy(np.int64)[rows]) for f in CANDIDATE_ID_FIELDS}
+        return Candidates(**t, dense=torch.from_numpy(dense[rows]), offsets=torch.arange(len(rows) + 1))
+
+    def labels(self, rows: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.examples[list(LABELS)].to_numpy(np.float32)[rows])
+
+    def profile(self, rows: np.ndarray, age_dense: np.ndarray) -> Profile:
+        src = self.ranker if self.ranker is not None else self.examples
+
+        def ids(col: str) -> torch.Tensor:
+            if col not in src:
+                return torch.zeros(len(rows), dtype=torch.int64)
+            return torch.from_numpy(src[col].to_numpy(np.int64)[rows])
+
+        return Profile(
+            user_id=torch.from_numpy(self.examples["user_id"].to_numpy(np.int64)[rows]),
+            gender=ids("gender"),
+            country=ids("country"),
+            dense=torch.from_numpy(age_dense[rows]),
+        )
+
+    def dense_columns(self) -> list[str]:
+        """Numeric scalar feature columns of ranker.parquet (ad stats, attributes), else just ``quality``."""
+        frame = self.ranker if self.ranker is not None else self.examples
+        cols = [
+            c
+            for c in frame.columns
+            if c not in NOT_DENSE
+            and pd.api.types.is_numeric_dtype(frame[c])
+            and not pd.api.types.is_bool_dtype(frame[c])
+        ]
+        return cols or ["quality"]
+
+    def dense_frame(self) -> pd.DataFrame:
+        return self.ranker if self.ranker is not None else self.examples
+
+    def user_embeddings(self) -> tuple[np.ndarray | None, np.ndarray, list[str]]:
+        """(N, E) cached embeddings (zeros where null), the (N,) presence mask and the model versions seen."""
+        if self.ranker is None or "user_embedding" not in self.ranker:
+            return None, np.zeros(len(self.examples), bool), []
+        col = self.ranker["user_embedding"]
+        present = col.notna().to_numpy()
+        if not present.any():
+            return None, present, []
+        dims = {len(v) for v in col[present]}
+        if len(dims) != 1:
+            raise TrainingSetError(f"user_embedding rows have different lengths {sorted(dims)}")
+        (dim,) = dims
+        emb = np.zeros((len(col), dim), np.float32)
+        emb[present] = np.stack(col[present].to_numpy()).astype(np.float32)
+        versions = (
+            sorted(self.ranker.loc[present, "model_version"].dropna().unique().tolist())
+            if "model_version" in self.ranker
+            else []
+        )
+        return emb, present, versions
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _normalize_examples(ex: pd.DataFrame, path: Path) -> pd.DataFrame:
+    missing = [c for c in (*EXAMPLE_COLUMNS, *LABELS, "split") if c not in ex]
+    if missing:
+        raise TrainingSetError(f"{path}/examples.parquet lacks column(s) {missing}")
+    ex = ex.copy()
+    if pd.api.types.is_datetime64_any_dtype(ex["ts"]):
+        ex["ts"] = (
+            ex["ts"].dt.tz_convert("UTC").astype("int64") // 10**9
+            if ex["ts"].dt.tz
+            else ex["ts"].astype("int64") // 10**9
+        )
+    if "quality" not in ex:
+        ex["quality"] = 0.0
+    for col in (*EXAMPLE_COLUMNS, *LABELS):
+        if ex[col].isna().any():
+            raise TrainingSetError(f"{path}/examples.parquet column {col!r} has nulls")
+    ex["split"] = ex["split"].astype(str)
+    return ex.reset_index(drop=True)
+
+
+def _align_ranker(ranker: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
+    """ranker.parquet rows in examples.parquet's order (joined on example_id when both carry it)."""
+    if "example_id" in ranker and "example_id" in examples:
+        ranker = ranker.drop_duplicates("example_id").set_index("example_id")
+        missing = ~examples["example_id"].isin(ranker.index)
+        if missing.any():
+            raise TrainingSetError(
+                f"ranker.parquet lacks {int(missing.sum())} example(s) of examples.parquet"
+            )
+        return ranker.loc[examples["example_id"].to_numpy()].reset_index()
+    if len(ranker) != len(examples):
+        raise TrainingSetError("ranker.parquet and examples.parquet differ in rows and share no example_id")
+    return ranker.reset_index(drop=True)
+
+
+def leave_one_out_split(examples: pd.DataFrame) -> np.ndarray:
+    """Split labels for positive-only logs: each user's last positive -> test, second-last -> valid,
+    everything strictly before the valid positive -> train; other rows (after it, or users with < 3
+    positives) -> "" (unused)."""
+    split = np.full(len(examples), "", dtype=object)
+    pos = examples[examples["click"] > 0].sort_values(["user_id", "ts", "cut"], kind="stable")
+    ranked = pos.groupby("user_id").cumcount(ascending=False)  # 0 = last positive
+    counts = pos.groupby("user_id")["click"].transform("size")
+    eligible = counts >= 3
+    split[pos.index[(ranked == 0) & eligible]] = "test"
+    split[pos.index[(ranked == 1) & eligible]] = "valid"
+    valid_ts = pos[(ranked == 1) & eligible].set_index("user_id")["ts"]
+    bound = examples["user_id"].map(valid_ts)
+    train = bound.notna() & (examples["ts"] < bound)
+    split[train.to_numpy()] = "train"
+    return split.astype(str)
+
+
+# ----------------------------------------------------------------------------------------------- batching
+class BatchBuilder:
+    """Turns example rows into a ``Batch``: the user model reads the long history (gaps to its last event,
+    so the user embedding does not depend on when it is computed); the ranker reads the recent events (gaps to
+    the request time) plus cached user tokens."""
+
+    def __init__(
+        self,
+        data: TrainingSet,
+        dense: DenseSpec,
+        *,
+        history_len: int,
+        time_buckets: int,
+        gap_to: str,
+        user_embeddings: np.ndarray | None = None,
+        user_present: np.ndarray | None = None,
+        num_user_tokens: int = 0,
+    ):
+        self.data = data
+        self.history_len, self.time_buckets, self.gap_to = history_len, time_buckets, gap_to
+        self.dense = dense.apply(data.dense_frame())
+        frame = data.dense_frame()
+        age = frame["age"].to_numpy(np.float64) if "age" in frame else np.zeros(len(frame))
+        self.age = ((np.nan_to_num(age) - 40.0) / 15.0).astype(np.float32)[:, None]
+        self.user_embeddings, self.user_present, self.k = user_embeddings, user_present, num_user_tokens
+        if user_embeddings is not None and (
+            num_user_tokens < 1 or user_embeddings.shape[1] % num_user_tokens
+        ):
+            raise ValueError(
+                f"cached user embeddings of width {user_embeddings.shape[1]} do not split into "
+                f"{num_user_tokens} tokens (ranker.num_user_tokens)"
+            )
+
+    def __call__(self, rows: np.ndarray) -> Batch:
+        d = self.data
+        batch = Batch(
+            history=d.history(rows, self.history_len, self.time_buckets, gap_to=self.gap_to),
+            candidates=d.candidates(rows, self.dense),
+            labels=d.labels(rows),
+            profile=d.profile(rows, self.age),
+        )
+        if self.user_embeddings is not None:
+            emb = self.user_embeddings[rows]
+            batch.user_tokens = torch.from_numpy(emb.reshape(len(rows), self.k, -1))
+            batch.user_token_mask = torch.from_numpy(self.user_present[rows])
+        return batch

@@ -1,0 +1,118 @@
+"""Dense tokenization: every input becomes a ``d_model`` token in one shared space.
+
+- ``SparseArch``: all sparse ids (ad, advertiser, category, action, surface, user, time-gap bucket, ...)
+  through one torchrec ``EmbeddingCollection`` over a ``KeyedJaggedTensor``. Features that name the same
+  field (the history's ``ad_id`` and the candidate's) share one table, so they live in one vocabulary.
+  Every feature is jagged over the same B users: history events (their lengths), candidates (per user), profile
+  ids (one each). No padding anywhere.
+- ``EventTokenizer``: one history event = the sum of its field embeddings + its bucketed log time gap.
+- ``DenseTokens``: each numeric feature x_f becomes the token ``x_f * w_f + b_f`` (one token per feature).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from models.data import EVENT_ID_FIELDS, Events
+
+GAP_TABLE = "gap_bucket"
+
+
+class SparseArch(nn.Module):
+    """``features``: feature name -> table (field) name; ``table_sizes``: field -> ids (max id + 1).
+
+    Each table gets one extra row for ids outside the training vocabulary (new ads at serving time).
+    Table names are prefixed (``t_``): a table named like a dict method (``items``) breaks torchrec.
+    """
+
+    def __init__(self, features: dict[str, str], table_sizes: dict[str, int], dim: int):
+        super().__init__()
+        missing = sorted({t for t in features.values() if t not in table_sizes})
+        if missing:
+            raise ValueError(f"no vocabulary size for table(s) {missing}")
+        self.features = dict(features)
+        self.sizes = {t: int(table_sizes[t]) for t in sorted(set(features.values()))}
+        tables = [
+            EmbeddingConfig(
+                name=f"t_{table}",
+                embedding_dim=dim,
+                num_embeddings=size + 1,
+                feature_names=[f for f, t in self.features.items() if t == table],
+            )
+            for table, size in self.sizes.items()
+        ]
+        self.ec = EmbeddingCollection(tables=tables, device=torch.device("cpu"))
+        for emb in self.ec.embeddings.values():
+            nn.init.normal_(emb.weight, std=0.05)
+
+    def table(self, field: str) -> torch.Tensor:
+        return self.ec.embeddings[f"t_{field}"].weight
+
+    def forward(
+        self, ids: dict[str, tuple[torch.Tensor, torch.Tensor]], batch_size: int
+    ) -> dict[str, torch.Tensor]:
+        """``ids``: feature -> (flat ids, per-user lengths). Features left out get zero lengths (the EC needs
+        every feature). Returns feature -> (total, dim) embeddings."""
+        unknown = set(ids) - set(self.features)
+        if unknown:
+            raise KeyError(f"unknown sparse feature(s) {sorted(unknown)}; known: {sorted(self.features)}")
+        device = self.table(next(iter(self.sizes))).device
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        no_lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        keys = list(self.features)
+        values, lengths = [], []
+        for key in keys:
+            v, n = ids.get(key, (empty, no_lengths))
+            size = self.sizes[self.features[key]]
+            v = v.long()
+            values.append(
+                torch.where((v >= 0) & (v < size), v, torch.full_like(v, size))
+            )  # unknown -> OOV row
+            lengths.append(n.long())
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
+        )
+        out = self.ec(kjt)
+        return {key: out[key].values() for key in ids}
+
+
+def event_features(prefix: str) -> dict[str, str]:
+    """Sparse features of one history event stream, named ``<prefix>_<field>``."""
+    feats = {f"{prefix}_{f}": f for f in EVENT_ID_FIELDS}
+    feats[f"{prefix}_{GAP_TABLE}"] = GAP_TABLE
+    return feats
+
+
+def event_ids(prefix: str, events: Events) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    lengths = events.lengths
+    ids = {f"{prefix}_{f}": (getattr(events, f), lengths) for f in EVENT_ID_FIELDS}
+    ids[f"{prefix}_{GAP_TABLE}"] = (events.gap_bucket, lengths)
+    return ids
+
+
+class EventTokenizer(nn.Module):
+    """One token per event: sum of its field embeddings (ad, action, surface, category, advertiser, gap)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, emb: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+        tokens = sum(emb[f"{prefix}_{f}"] for f in (*EVENT_ID_FIELDS, GAP_TABLE))
+        return self.norm(tokens)
+
+
+class DenseTokens(nn.Module):
+    """(N, F) normalized numbers -> (N, F, dim): one token per feature, ``x_f * w_f + b_f``."""
+
+    def __init__(self, num_features: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(num_features, dim) * 0.05)
+        self.bias = nn.Parameter(torch.zeros(num_features, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[..., None] * self.weight + self.bias

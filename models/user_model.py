@@ -1,0 +1,137 @@
+"""The offline user model: a deep transformer over the jagged history -> K cached user tokens.
+
+    history events --EventTokenizer--> tokens --L x TransformerBlock (relative pos/time bias)--> states
+    K learned summary queries (+ the user id embedding) --cross-attention over states--> K user tokens
+    (= the cached user embedding, ``encode_user``: the candidate never enters it)
+
+Training head (``forward``): the candidate token attends over the K user tokens (target-aware), an MLP gives
+click and conversion logits. Optional auxiliary loss: next-ad prediction on the history with a sampled softmax
+(causal attention, so position i sees only events <= i).
+Ablation ``pooling="mean"``: the user token is the mean of the history tokens (no attention at all).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.config import UserModelConfig
+from models.data import CANDIDATE_ID_FIELDS, Batch, Candidates, Events
+from models.layers import CrossAttention, TargetAwareBlock, TransformerBlock, mlp_head, segment_mean
+from models.tokenizer import GAP_TABLE, DenseTokens, EventTokenizer, SparseArch, event_features, event_ids
+
+
+def user_model_tables(cfg: UserModelConfig, vocab: dict[str, int]) -> dict[str, int]:
+    return {**vocab, GAP_TABLE: cfg.time_buckets}
+
+
+class UserModel(nn.Module):
+    def __init__(self, cfg: UserModelConfig, vocab: dict[str, int], num_dense: int):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        features = {
+            **event_features("hist"),
+            **{f"cand_{f}": f for f in CANDIDATE_ID_FIELDS},
+            "user_id": "user_id",
+        }
+        self.sparse = SparseArch(features, user_model_tables(cfg, vocab), d)
+        self.events = EventTokenizer(d)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, causal=cfg.causal, max_rel_pos=cfg.max_rel_pos,
+                time_buckets=cfg.time_buckets, backend=cfg.attention_backend,
+            )
+            for _ in range(cfg.num_layers if cfg.pooling == "transformer" else 0)
+        )  # fmt: skip
+        self.norm = nn.LayerNorm(d)
+        k = cfg.num_user_tokens if cfg.pooling == "transformer" else 1
+        self.summary_queries = nn.Parameter(torch.randn(k, d) * 0.05)
+        self.summary = CrossAttention(d, cfg.num_heads, cfg.attention_backend)
+        # training head: candidate -> target-aware attention over the user tokens -> click, conversion
+        self.cand_dense = DenseTokens(num_dense, d)
+        self.cand_proj = nn.Linear((len(CANDIDATE_ID_FIELDS) + num_dense) * d, d)
+        self.target = TargetAwareBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.attention_backend)
+        self.head = mlp_head(2 * d, 2 * d, 2, cfg.dropout)
+        self.next_proj = nn.Linear(d, d)
+
+    @property
+    def num_user_tokens(self) -> int:
+        return self.summary_queries.shape[0]
+
+    # ------------------------------------------------------------------------------------- user side only
+    def history_states(self, history: Events, user_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(total, d) final per-event states and the (B, d) user-id embedding."""
+        b = history.batch_size
+        ones = torch.ones(b, dtype=torch.int64, device=user_id.device)
+        emb = self.sparse({**event_ids("hist", history), "user_id": (user_id, ones)}, b)
+        x = self.events(emb, "hist")
+        for block in self.blocks:
+            x = block(x, history.offsets, history.ts)
+        return self.norm(x), emb["user_id"]
+
+    def encode_user(self, history: Events, user_id: torch.Tensor) -> torch.Tensor:
+        """(B, K, d) user tokens: the cached, candidate-independent user embedding."""
+        states, user_emb = self.history_states(history, user_id)
+        return self._summarize(states, history.offsets, user_emb)
+
+    def _summarize(self, states, offsets, user_emb) -> torch.Tensor:
+        b, k, d = offsets.numel() - 1, self.num_user_tokens, self.cfg.d_model
+        queries = (self.summary_queries[None] + user_emb[:, None]).reshape(b * k, d)
+        if self.cfg.pooling == "mean":
+            return (queries + segment_mean(states, offsets)).view(b, k, d)
+        q_offsets = torch.arange(b + 1, device=offsets.device) * k
+        read = self.summary(queries, q_offsets, self.summary.project_kv(states), offsets)
+        return (queries + read).view(b, k, d)
+
+    # ------------------------------------------------------------------------------------- training head
+    def candidate_tokens(self, cands: Candidates, batch_size: int) -> torch.Tensor:
+        per_user = cands.offsets[1:] - cands.offsets[:-1]
+        ids = {f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}
+        emb = self.sparse(ids, batch_size)
+        tokens = torch.stack([emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS], 1)
+        tokens = torch.cat([tokens, self.cand_dense(cands.dense)], 1)
+        return self.cand_proj(tokens.flatten(1))
+
+    def score(self, user_tokens: torch.Tensor, cands: Candidates) -> torch.Tensor:
+        """(N, 2) click/conversion logits of every candidate against its user's K tokens."""
+        b, k, d = user_tokens.shape
+        cand = self.candidate_tokens(cands, b)
+        kv_offsets = torch.arange(b + 1, device=cand.device) * k
+        kv = self.target.context_kv(user_tokens.reshape(b * k, d))
+        read = self.target(cand, cands.offsets, kv, kv_offsets)
+        return self.head(torch.cat([read, cand], -1))
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, 2) logits and the auxiliary next-event loss (0 when disabled)."""
+        states, user_emb = self.history_states(batch.history, batch.profile.user_id)
+        user_tokens = self._summarize(states, batch.history.offsets, user_emb)
+        logits = self.score(user_tokens, batch.candidates)
+        aux = states.new_zeros(())
+        if self.training and self.cfg.next_event_weight > 0 and self.cfg.pooling == "transformer":
+            aux = self.next_event_loss(states, batch.history)
+        return logits, aux
+
+    def next_event_loss(self, states: torch.Tensor, history: Events) -> torch.Tensor:
+        """Sampled softmax: the state at event i scores the ad of event i+1 against shared random ads."""
+        total = states.shape[0]
+        if total < 2:
+            return states.new_zeros(())
+        has_next = torch.ones(total, dtype=torch.bool, device=states.device)
+        # the last event of each sequence has no successor (an empty sequence re-marks its predecessor's last)
+        has_next[history.offsets[1:] - 1] = False
+        src = has_next.nonzero().squeeze(1)
+        if src.numel() == 0:
+            return states.new_zeros(())
+        table = self.sparse.table("ad_id")
+        target = history.ad_id[src + 1].clamp(0, table.shape[0] - 1)
+        negatives = torch.randint(0, table.shape[0] - 1, (self.cfg.num_negatives,), device=states.device)
+        h = F.normalize(self.next_proj(states[src]), dim=-1)
+        pos = (h * F.normalize(table[target], dim=-1)).sum(-1, keepdim=True)
+        neg = h @ F.normalize(table[negatives], dim=-1).T
+        neg = neg.masked_fill(
+            negatives[None] == target[:, None], float("-inf")
+        )  # a sampled positive is no negative
+        logits = torch.cat([pos, neg], 1) / 0.1
+        return F.cross_entropy(logits, torch.zeros(src.numel(), dtype=torch.long, device=states.device))
