@@ -1,0 +1,194 @@
+"""Jagged attention vs the padded reference on Zipf-distributed lengths: step time and peak memory, side by side.
+
+Each (case, backend) runs in its own fresh Python process, so its peak resident memory (``ru_maxrss``) is its own;
+the table reports that peak minus the process's resident memory just before the first step (the inputs and the
+interpreter are excluded, everything the step allocates, torch's allocations included, is counted). One warm-up
+step, then the median of ``--steps`` timed forward + backward steps.
+
+    .venv/bin/python bench/jagged.py                      # batch 64, heads 4, head dim 32, lengths <= 1024
+    .venv/bin/python bench/jagged.py --batch 16 --steps 2 # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.attention import dispatch  # noqa: E402
+from models.attention.jagged import length_class  # noqa: E402
+
+CASES = {
+    "self-causal-bias": "causal self-attention + relative position and time bias (the user model's layer)",
+    "self-bidir": "bidirectional self-attention, no bias",
+    "cross": "jagged queries (1-64 per sequence) over jagged keys/values",
+}
+BACKENDS = ("reference", "jagged")
+
+
+@dataclass
+class Settings:
+    batch: int = 64
+    heads: int = 4
+    head_dim: int = 32
+    max_len: int = 1024
+    zipf: float = 0.6  # exponent s of P(len = k) ~ k^-s on 1..max_len; 0.6 keeps mean fill just under 30%
+    max_queries: int = 64  # cross-attention: queries per sequence, uniform on 1..max_queries
+    pos_buckets: int = 128  # relative position bias covers |i - j| <= this
+    time_buckets: int = 32
+    steps: int = 3
+    dtype: str = "float32"
+    seed: int = 0
+
+
+def zipf_lengths(n: int, max_len: int, s: float, gen: torch.Generator) -> torch.Tensor:
+    """n lengths on 1..max_len with P(k) proportional to k^-s."""
+    weights = torch.arange(1, max_len + 1, dtype=torch.float64).pow(-s)
+    return torch.multinomial(weights, n, replacement=True, generator=gen) + 1
+
+
+def offsets_of(lens: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+
+
+def make_inputs(case: str, cfg: Settings) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Leaf tensors and the kwargs of one call; returns (call kwargs, key lengths, query lengths)."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    dtype = getattr(torch, cfg.dtype)
+    lens = zipf_lengths(cfg.batch, cfg.max_len, cfg.zipf, gen)
+    offsets = offsets_of(lens)
+    total = int(offsets[-1])
+
+    def leaf(rows: int) -> torch.Tensor:
+        return torch.randn(rows, cfg.heads, cfg.head_dim, generator=gen).to(dtype).requires_grad_()
+
+    if case == "cross":
+        q_lens = torch.randint(1, cfg.max_queries + 1, (cfg.batch,), generator=gen)
+        q_offsets = offsets_of(q_lens)
+        call = dict(
+            q=leaf(int(q_offsets[-1])), q_offsets=q_offsets, k=leaf(total), v=leaf(total), kv_offsets=offsets
+        )
+        return call, lens, q_lens
+    call = dict(
+        q=leaf(total), k=leaf(total), v=leaf(total), offsets=offsets, causal=case == "self-causal-bias"
+    )
+    if case == "self-causal-bias":
+        gaps = torch.randint(0, 86_400, (total,), generator=gen)
+        call |= dict(
+            pos_bias=(0.1 * torch.randn(cfg.heads, 2 * cfg.pos_buckets + 1, generator=gen)).requires_grad_(),
+            time_bias=(0.1 * torch.randn(cfg.heads, cfg.time_buckets, generator=gen)).requires_grad_(),
+            timestamps=gaps.cumsum(0),  # increasing within each sequence, like event times
+        )
+    return call, lens, lens
+
+
+def step(case: str, backend: str, call: dict) -> None:
+    if case == "cross":
+        out = dispatch.jagged_cross_attention(**call, backend=backend)
+    else:
+        out = dispatch.jagged_self_attention(**call, backend=backend)
+    out.float().square().mean().backward()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def worker(case: str, backend: str, cfg: Settings) -> dict:
+    call, _, _ = make_inputs(case, cfg)
+    before = rss_bytes()
+    step(case, backend, call)  # warm-up: first calls pay for lazy init and allocator growth
+    times = []
+    for _ in range(cfg.steps):
+        for t in call.values():
+            if isinstance(t, torch.Tensor):
+                t.grad = None
+        start = time.perf_counter()
+        step(case, backend, call)
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"step_ms": 1e3 * statistics.median(times), "peak_mib": (peak - before) / 2**20}
+
+
+def layout_figures(case: str, cfg: Settings) -> dict:
+    """How much padding each layout computes on (attention cells: query x key pairs incl. padding)."""
+    _, kv_lens, q_lens = make_inputs(case, cfg)
+    real = float((q_lens * kv_lens).sum())
+    padded_ref = cfg.batch * float(q_lens.max()) * float(kv_lens.max())
+    classes = length_class(kv_lens) * 1000 + length_class(q_lens)
+    jagged_cells, buckets = 0.0, 0
+    for cls in classes.unique():
+        members = classes == cls
+        jagged_cells += int(members.sum()) * float(q_lens[members].max()) * float(kv_lens[members].max())
+        buckets += 1
+    return {
+        "mean_fill": float(kv_lens.float().mean()) / float(kv_lens.max()),
+        "max_len": int(kv_lens.max()),
+        "buckets": buckets,
+        "ref_cells_over_real": padded_ref / real,
+        "jagged_cells_over_real": jagged_cells / real,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for name, default in asdict(Settings()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
+    parser.add_argument("--worker", nargs=2, metavar=("CASE", "BACKEND"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cfg = Settings(**{k: getattr(args, k) for k in asdict(Settings())})
+    if args.worker:
+        print(json.dumps(worker(*args.worker, cfg)))
+        return
+
+    cases = args.cases.split(",")
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from {list(CASES)}")
+    print(f"settings: {asdict(cfg)}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    rows = []
+    for case in cases:
+        layout = layout_figures(case, cfg)
+        print(
+            f"{case}: {CASES[case]}; max len {layout['max_len']}, mean fill {layout['mean_fill']:.0%}, "
+            f"{layout['buckets']} buckets; attention cells / real: reference {layout['ref_cells_over_real']:.2f}, "
+            f"jagged {layout['jagged_cells_over_real']:.3f}",
+            flush=True,
+        )
+        result = {}
+        for backend in BACKENDS:
+            cmd = [sys.executable, __file__, "--worker", case, backend, *sys.argv[1:]]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                sys.exit(f"{case}/{backend} failed:\n{done.stderr[-3000:]}")
+            result[backend] = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append((case, result))
+
+    header = f"{'case':<18} {'ref ms':>9} {'jagged ms':>10} {'speed-up':>9} {'ref MiB':>9} {'jagged MiB':>11} {'mem ratio':>10}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for case, r in rows:
+        ref, jag = r["reference"], r["jagged"]
+        ratio = jag["peak_mib"] / ref["peak_mib"] if ref["peak_mib"] > 0 else math.nan
+        print(
+            f"{case:<18} {ref['step_ms']:>9.1f} {jag['step_ms']:>10.1f} {ref['step_ms'] / jag['step_ms']:>8.2f}x "
+            f"{ref['peak_mib']:>9.1f} {jag['peak_mib']:>11.1f} {ratio:>10.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
