@@ -1,0 +1,256 @@
+"""Training sets for the user model and the ranker, written to ``ws.training(name)/``:
+
+- ``sequences.parquet``: one row per user: ``user_id`` + one list<int64> column per HISTORY_FIELDS field
+  (``ad_id, action, surface, category_id, advertiser_id, ts``; action/surface as vocabulary ids, ts in seconds),
+  every accepted event up to the end date, sorted by (ts, event_id);
+- ``examples.parquet``: one row per impression in [start, end]: ``example_id`` (the event id), ``user_id``,
+  ``user_row`` (row in sequences), ``cut`` (that user's events strictly before the example's second: the history
+  is ``[max(0, cut - L), cut)``), ``ad_id, advertiser_id, category_id, quality, surface, ts`` (seconds),
+  ``click, conversion, split`` (train / valid / test by day: the last days are held out);
+- ``ranker.parquet``: the examples plus ``event_timestamp`` joined point in time (Feast
+  ``get_historical_features(..., filter_by_created_timestamp=True)``, feature service ``ranker_training``) with
+  ad stats, ad attributes, user profile, recent events and the user embedding + model_version (null when the
+  embedding stage has not written any);
+- ``manifest.json``: vocab sizes (max id + 1), counts, date range, feature refs, config.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from features.feature_repo import FEATURE_TABLES, FeatureStoreConfig
+from features.feature_repo.offline import PARQUET_OPTIONS, partition_days
+from features.feature_repo.tables import EVENT_TS
+from features.histories import SECOND_US, build_histories, cut_points
+from features.schema import ACTIONS, GENDERS, SURFACES
+from features.stats import read_events
+from gemflow.config import save_config, to_dict
+from gemflow.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+EXAMPLE_COLUMNS = (
+    "example_id",
+    "user_id",
+    "user_row",
+    "cut",
+    "ad_id",
+    "advertiser_id",
+    "category_id",
+    "quality",
+    "surface",
+    "ts",
+    "click",
+    "conversion",
+    "split",
+)
+EMBEDDING_VIEW = "user_embedding"
+
+
+@dataclass
+class TrainingSetConfig:
+    name: str = "default"
+    start: str = ""  # first example day, YYYY-MM-DD
+    end: str = ""  # last example day (inclusive)
+    valid_days: int = 1  # the days before the test days
+    test_days: int = 1  # the last days of the range
+    history_start: str = ""  # earliest day read into histories; "" = every accepted partition up to ``end``
+    join_features: bool = True  # write ranker.parquet (Feast point-in-time join)
+    feature_service: str = "ranker_training"
+    feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
+
+    def dates(self) -> tuple[dt.date, dt.date]:
+        try:
+            start, end = dt.date.fromisoformat(self.start), dt.date.fromisoformat(self.end)
+        except ValueError as err:
+            raise ValueError(
+                f"training set: start/end must be dates like 2026-01-31, got {self.start!r}, {self.end!r}"
+            ) from err
+        if end < start:
+            raise ValueError(f"training set: end {end} is before start {start}")
+        if self.valid_days < 0 or self.test_days < 0:
+            raise ValueError("training set: valid_days and test_days must be >= 0")
+        return start, end
+
+
+def _split(day_ordinal: np.ndarray, end: dt.date, cfg: TrainingSetConfig) -> np.ndarray:
+    test_from = end.toordinal() - cfg.test_days + 1
+    valid_from = test_from - cfg.valid_days
+    return np.where(day_ordinal >= test_from, "test", np.where(day_ordinal >= valid_from, "valid", "train"))
+
+
+def build_examples(events: pd.DataFrame, histories, start: dt.date, end: dt.date, cfg) -> pd.DataFrame:
+    in_range = (events["day"] >= start.toordinal()) & (events["day"] <= end.toordinal())
+    imp = events[in_range & (events["action"] == ACTIONS.index("impression"))]
+    ts_seconds = imp["ts_us"].to_numpy(np.int64) // SECOND_US
+    user_row, cut = cut_points(histories, imp["user_id"].to_numpy(), ts_seconds)
+    examples = pd.DataFrame(
+        {
+            "example_id": imp["event_id"].to_numpy(np.int64),
+            "user_id": imp["user_id"].to_numpy(np.int64),
+            "user_row": user_row,
+            "cut": cut,
+            "ad_id": imp["ad_id"].to_numpy(np.int64),
+            "advertiser_id": imp["advertiser_id"].to_numpy(np.int64),
+            "category_id": imp["category_id"].to_numpy(np.int64),
+            "quality": imp["quality"].to_numpy(np.float32),
+            "surface": imp["surface"].to_numpy(np.int64),
+            "ts": ts_seconds,
+            "click": imp["click"].to_numpy(np.int8),
+            "conversion": imp["conversion"].to_numpy(np.int8),
+            "split": _split(imp["day"].to_numpy(np.int64), end, cfg),
+        }
+    )
+    examples[EVENT_TS] = imp["ts"].to_numpy()
+    order = np.lexsort((examples["example_id"].to_numpy(), imp["ts_us"].to_numpy()))
+    return examples.iloc[order].reset_index(drop=True)
+
+
+def _feature_refs(store, service_name: str, with_embedding: bool) -> list[str]:
+    service = store.get_feature_service(service_name)
+    refs = []
+    for projection in service.feature_view_projections:
+        if projection.name == EMBEDDING_VIEW and not with_embedding:
+            continue
+        refs += [f"{projection.name}:{f.name}" for f in projection.features]
+    return refs
+
+
+def _ranker_schema(examples: pa.Schema, refs: list[str]) -> pa.Schema:
+    fields = list(examples)
+    for ref in refs:
+        view, name = ref.split(":")
+        fields.append(FEATURE_TABLES[view].field(name).with_nullable(True))
+    for name in ("user_embedding", "model_version"):
+        if f"{EMBEDDING_VIEW}:{name}" not in refs:
+            fields.append(FEATURE_TABLES[EMBEDDING_VIEW].field(name).with_nullable(True))
+    return pa.schema(fields)
+
+
+def join_features(
+    ws: Workspace, examples: pd.DataFrame, cfg: TrainingSetConfig
+) -> tuple[pa.Table, list[str]]:
+    """The examples joined point in time with the feature service (no row later than its example)."""
+    from features.store import open_store
+
+    store = open_store(ws, cfg.feature_store, apply=True)
+    with_embedding = bool(partition_days(ws, "offline", EMBEDDING_VIEW))
+    refs = _feature_refs(store, cfg.feature_service, with_embedding)
+    # Feast keys its join on (entities, timestamp): send each distinct key once, then map back to examples.
+    keys = examples[["user_id", "ad_id", EVENT_TS]].drop_duplicates(ignore_index=True)
+    features = store.get_historical_features(
+        entity_df=keys, features=refs, full_feature_names=False, filter_by_created_timestamp=True
+    ).to_df()
+    if len(features) != len(keys):
+        raise RuntimeError(f"feast returned {len(features)} rows for {len(keys)} entity rows")
+    features[EVENT_TS] = features[EVENT_TS].astype(examples[EVENT_TS].dtype)
+    joined = examples.merge(features, on=["user_id", "ad_id", EVENT_TS], how="left", validate="many_to_one")
+    for name in ("user_embedding", "model_version"):
+        if name not in joined.columns:
+            joined[name] = None
+    base = pa.Table.from_pandas(examples, preserve_index=False).schema
+    schema = _ranker_schema(base, refs)
+    table = pa.Table.from_pandas(joined[schema.names], schema=schema, preserve_index=False)
+    return table, refs
+
+
+def _vocab(examples: pd.DataFrame, histories, ranker: pa.Table | None) -> dict[str, int]:
+    def size(*arrays) -> int:
+        return int(max((int(a.max()) for a in arrays if len(a)), default=-1)) + 1
+
+    vocab = {
+        "user_id": size(histories.user_ids),
+        "ad_id": size(histories.values["ad_id"], examples["ad_id"].to_numpy()),
+        "advertiser_id": size(histories.values["advertiser_id"], examples["advertiser_id"].to_numpy()),
+        "category_id": size(histories.values["category_id"], examples["category_id"].to_numpy()),
+        "action": len(ACTIONS),
+        "surface": len(SURFACES),
+        "gender": len(GENDERS),
+    }
+    if ranker is not None and "user_country" in ranker.column_names:
+        country = ranker.column("user_country").drop_null().to_numpy()
+        vocab["country"] = size(country)
+    return vocab
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table.replace_schema_metadata(None), tmp, **PARQUET_OPTIONS)
+    tmp.replace(path)
+
+
+def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
+    """Build and write the training set ``cfg.name``; returns its manifest."""
+    t0 = time.perf_counter()
+    start, end = cfg.dates()
+    history_start = dt.date.fromisoformat(cfg.history_start) if cfg.history_start else dt.date.min
+    days = [d for d in partition_days(ws, "offline", "events") if history_start <= d <= end]
+    example_days = [d for d in days if d >= start]
+    if not example_days:
+        raise FileNotFoundError(
+            f"no accepted event partitions between {start} and {end} under "
+            f"{ws.offline('events')}: run `gemflow ingest --date D` first"
+        )
+    if (
+        len({d for d in example_days if d.toordinal() <= end.toordinal() - cfg.test_days - cfg.valid_days})
+        == 0
+    ):
+        raise ValueError(
+            f"training set {start}..{end}: no train days left after holding out "
+            f"{cfg.valid_days} valid + {cfg.test_days} test day(s)"
+        )
+    out = ws.training(cfg.name)
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("training set %s: %d history day(s), examples %s..%s", cfg.name, len(days), start, end)
+
+    events = read_events(ws, days)
+    histories = build_histories(events)
+    examples = build_examples(events, histories, start, end, cfg)
+    del events
+    _write(histories.to_arrow(), out / "sequences.parquet")
+    _write(
+        pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], preserve_index=False), out / "examples.parquet"
+    )
+
+    ranker, refs = None, []
+    if cfg.join_features:
+        ranker, refs = join_features(ws, examples, cfg)
+        _write(ranker, out / "ranker.parquet")
+
+    split_counts = examples["split"].value_counts()
+    manifest = {
+        "name": cfg.name,
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "history_days": [days[0].isoformat(), days[-1].isoformat()],
+        "counts": {
+            "users": len(histories.user_ids),
+            "events": int(histories.offsets[-1]),
+            "examples": len(examples),
+            **{f"examples_{s}": int(split_counts.get(s, 0)) for s in SPLITS},
+            "clicks": int(examples["click"].sum()),
+            "conversions": int(examples["conversion"].sum()),
+        },
+        "vocab_sizes": _vocab(examples, histories, ranker),
+        "history_fields": ["ad_id", "action", "surface", "category_id", "advertiser_id", "ts"],
+        "feature_refs": refs,
+        "files": sorted(p.name for p in out.glob("*.parquet")),
+        "config": to_dict(cfg),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    save_config(cfg, out)
+    log.info("training set %s: %s", cfg.name, manifest["counts"])
+    return manifest
