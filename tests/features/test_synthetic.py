@@ -169,3 +169,23 @@ def test_injected_defects_are_written_with_their_ground_truth(tmp_path):
     assert (~corrupted.action.isin(ACTIONS) | ~corrupted.surface.isin(SURFACES)).sum() >= truth["rows"][
         "bad_enum"
     ]
+
+
+def test_cli_generate_with_config_file_flags_and_overrides(tmp_path, repo_root):
+    import typer
+    from typer.testing import CliRunner
+
+    from gemflow.commands import sources as source_commands
+
+    app = typer.Typer()
+    source_commands.register(app)
+    args = ["generate", "-c", str(repo_root / "configs" / "synthetic-small.yaml"), "-w", str(tmp_path),
+            "--users", "60", "--days", "2", "--start-date", "2026-05-01", "--set", "num_ads=50", "--no-progress"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert list(summary["events_per_day"]) == ["2026-05-01", "2026-05-02"] and summary["ads"] == 50
+    recorded = (Path(summary["run_dir"]) / "config.yaml").read_text()
+    assert "num_users: 60" in recorded and "start_date: '2026-05-01'" in recorded
+    bad = CliRunner().invoke(app, ["generate", "-w", str(tmp_path), "--inject", "null_field:0.1"])
+    assert bad.exit_code == 2 and "defect=rate" in bad.output
