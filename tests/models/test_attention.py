@@ -1,0 +1,228 @@
+"""The jagged CPU attention path against the pad + mask reference: forward and backward, on random jagged batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.attention import dispatch, jagged, reference
+
+FP32 = dict(atol=2e-5, rtol=2e-5)
+BF16 = dict(atol=3e-2, rtol=3e-2)
+
+
+def offsets_of(lens: list[int]) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lens, dtype=torch.long).cumsum(0)])
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, what: str) -> None:
+    """Elementwise |a - e| <= atol + rtol * max|e| (a scale-aware bound: bf16 errors follow the largest values)."""
+    actual, expected = actual.detach().float(), expected.detach().float()
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    err = float((actual - expected).abs().max()) if expected.numel() else 0.0
+    assert err <= atol + rtol * scale, f"{what}: max error {err:.3g} (scale {scale:.3g})"
+
+
+def run_self(module, inputs: dict, weights: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    leaves = [inputs[name] for name in ("q", "k", "v", "pos_bias", "time_bias")]
+    out = module.jagged_self_attention(**inputs)
+    return out, grads_of(out, weights, leaves)
+
+
+def grads_of(out: torch.Tensor, weights: torch.Tensor, leaves: list) -> list[torch.Tensor | None]:
+    """d(sum(out * weights)) / d leaf; zeros where the output does not depend on a leaf (e.g. an empty batch)."""
+    wanted = [t for t in leaves if t is not None]
+    if out.requires_grad:
+        found = torch.autograd.grad((out.float() * weights).sum(), wanted, allow_unused=True)
+    else:  # both backends return plain zeros when nothing attends
+        found = [None] * len(wanted)
+    it = (torch.zeros_like(t) if g is None else g for t, g in zip(wanted, found, strict=True))
+    return [None if t is None else next(it) for t in leaves]
+
+
+def self_inputs(lens, heads, dim, causal, pos_r, time_t, dtype, seed) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    offsets = offsets_of(lens)
+    total = int(offsets[-1])
+
+    def leaf(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(dtype).requires_grad_()
+
+    inputs = dict(q=leaf(total, heads, dim), k=leaf(total, heads, dim), v=leaf(total, heads, dim))
+    inputs |= dict(offsets=offsets, causal=causal, pos_bias=None, time_bias=None, timestamps=None)
+    if pos_r is not None:
+        inputs["pos_bias"] = (0.5 * torch.randn(heads, 2 * pos_r + 1, generator=gen)).requires_grad_()
+    if time_t is not None:
+        inputs["time_bias"] = (0.5 * torch.randn(heads, time_t, generator=gen)).requires_grad_()
+        inputs["timestamps"] = torch.randint(0, 5_000, (total,), generator=gen)
+    return inputs
+
+
+def check_self(lens, heads, dim, causal, pos_r, time_t, dtype, seed, tol) -> None:
+    inputs = self_inputs(lens, heads, dim, causal, pos_r, time_t, dtype, seed)
+    weights = torch.randn(inputs["q"].shape, generator=torch.Generator().manual_seed(seed + 1))
+    ref_out, ref_grads = run_self(reference, inputs, weights)
+    out, grads = run_self(jagged, inputs, weights)
+    assert out.dtype == dtype and out.shape == inputs["q"].shape
+    assert_close(out, ref_out, **tol, what="output")
+    for name, grad, ref_grad in zip(("q", "k", "v", "pos_bias", "time_bias"), grads, ref_grads, strict=True):
+        if ref_grad is None:
+            assert grad is None, name
+            continue
+        assert grad.dtype == ref_grad.dtype, name
+        assert_close(grad, ref_grad, **tol, what=f"grad of {name}")
+
+
+lengths = st.lists(st.integers(0, 24), min_size=0, max_size=6)
+bias_r = st.none() | st.integers(1, 5)
+bias_t = st.none() | st.integers(1, 8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=lengths,
+    heads=st.integers(1, 3),
+    dim=st.sampled_from([4, 8]),
+    causal=st.booleans(),
+    pos_r=bias_r,
+    time_t=bias_t,
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_self_attention_matches_reference_fp32(lens, heads, dim, causal, pos_r, time_t, seed):
+    check_self(lens, heads, dim, causal, pos_r, time_t, torch.float32, seed, FP32)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lens=lengths, causal=st.booleans(), pos_r=bias_r, time_t=bias_t, seed=st.integers(0, 2**31 - 1))
+def test_self_attention_matches_reference_bf16(lens, causal, pos_r, time_t, seed):
+    check_self(lens, 2, 8, causal, pos_r, time_t, torch.bfloat16, seed, BF16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_spanning_many_buckets(causal):
+    """Lengths across the short bucket and several geometric ones, with both biases (the user model's layer)."""
+    check_self([0, 1, 2, 16, 17, 19, 33, 70, 0, 101], 2, 8, causal, 8, 12, torch.float32, 7, FP32)
+
+
+def test_empty_batch_and_all_empty_sequences():
+    for lens in ([], [0, 0, 0]):
+        inputs = self_inputs(lens, 2, 4, True, 2, 3, torch.float32, 0)
+        out = jagged.jagged_self_attention(**inputs)
+        assert out.shape == (0, 2, 4)
+
+
+def test_length_one_sequences_return_their_value():
+    inputs = self_inputs([1, 1, 1], 2, 4, False, 2, 3, torch.float32, 0)
+    out = jagged.jagged_self_attention(**inputs)
+    torch.testing.assert_close(out, inputs["v"].detach())
+
+
+# --------------------------------------------------------------------------------------------- cross attention
+def cross_inputs(q_lens, kv_lens, heads, dim, dtype, seed) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    q_offsets, kv_offsets = offsets_of(q_lens), offsets_of(kv_lens)
+
+    def leaf(rows):
+        return torch.randn(rows, heads, dim, generator=gen).to(dtype).requires_grad_()
+
+    return dict(
+        q=leaf(int(q_offsets[-1])),
+        q_offsets=q_offsets,
+        k=leaf(int(kv_offsets[-1])),
+        v=leaf(int(kv_offsets[-1])),
+        kv_offsets=kv_offsets,
+    )
+
+
+def run_cross(module, inputs, weights):
+    out = module.jagged_cross_attention(**inputs)
+    return out, grads_of(out, weights, [inputs["q"], inputs["k"], inputs["v"]])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), min_size=0, max_size=6),
+    heads=st.integers(1, 3),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_cross_attention_matches_reference(pairs, heads, bf16, seed):
+    q_lens, kv_lens = [p[0] for p in pairs], [p[1] for p in pairs]
+    dtype, tol = (torch.bfloat16, BF16) if bf16 else (torch.float32, FP32)
+    inputs = cross_inputs(q_lens, kv_lens, heads, 8, dtype, seed)
+    weights = torch.randn(inputs["q"].shape, generator=torch.Generator().manual_seed(seed + 1))
+    ref_out, ref_grads = run_cross(reference, inputs, weights)
+    out, grads = run_cross(jagged, inputs, weights)
+    assert out.dtype == dtype and out.shape == inputs["q"].shape
+    assert_close(out, ref_out, **tol, what="output")
+    for name, grad, ref_grad in zip("qkv", grads, ref_grads, strict=True):
+        assert_close(grad, ref_grad, **tol, what=f"grad of {name}")
+
+
+def test_cross_attention_queries_without_keys_are_zero_and_get_zero_grads():
+    # sequence 1 has 3 queries and no keys; sequence 2 has keys but no queries.
+    inputs = cross_inputs([2, 3, 0, 1], [5, 0, 4, 1], 2, 4, torch.float32, 3)
+    out = jagged.jagged_cross_attention(**inputs)
+    assert torch.all(out[2:5] == 0)
+    assert torch.all(out[:2] != 0) and torch.all(out[5] != 0)
+    out.sum().backward()
+    assert torch.all(inputs["q"].grad[2:5] == 0)
+    assert torch.all(inputs["k"].grad[5:9] == 0)  # keys nobody queries get no gradient
+
+
+def test_cross_attention_many_candidates_against_one_sequence():
+    """The ranker's shape: N candidates (queries) over one user's keys."""
+    inputs = cross_inputs([300], [40], 2, 8, torch.float32, 5)
+    weights = torch.randn(inputs["q"].shape)
+    ref_out, ref_grads = run_cross(reference, inputs, weights)
+    out, grads = run_cross(jagged, inputs, weights)
+    assert_close(out, ref_out, **FP32, what="output")
+    for name, grad, ref_grad in zip("qkv", grads, ref_grads, strict=True):
+        assert_close(grad, ref_grad, **FP32, what=f"grad of {name}")
+
+
+# ---------------------------------------------------------------------------------------------------- layout
+@settings(max_examples=100, deadline=None)
+@given(lens=st.lists(st.integers(0, 2_000), min_size=0, max_size=40))
+def test_buckets_cover_every_row_once_within_the_padding_budget(lens):
+    offsets = offsets_of(lens)
+    plan = jagged.plan_self(offsets)
+    assert sorted(plan.rows.tolist()) == list(range(int(offsets[-1])))
+    for bucket in plan.buckets:
+        seq_lens = torch.tensor(lens)[bucket.seq]
+        assert int(bucket.valid.sum()) == bucket.rows.numel() == int(seq_lens.sum())
+        if int(seq_lens.min()) > jagged.SHORT_LEN:
+            assert bucket.max_len <= (1 + jagged.PAD_BUDGET) * int(seq_lens.min())
+        else:
+            assert bucket.max_len <= jagged.SHORT_LEN
+
+
+# ---------------------------------------------------------------------------------------------- errors, dispatch
+def test_bad_inputs_raise_clear_errors():
+    inputs = self_inputs([2, 3], 2, 4, False, None, None, torch.float32, 0)
+    with pytest.raises(ValueError, match="offsets of q must run from 0 to its 5 rows"):
+        jagged.jagged_self_attention(**(inputs | dict(offsets=offsets_of([2, 2]))))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        jagged.jagged_self_attention(**(inputs | dict(offsets=torch.tensor([0, 4, 3, 5]))))
+    with pytest.raises(ValueError, match="time_bias needs timestamps"):
+        jagged.jagged_self_attention(**(inputs | dict(time_bias=torch.zeros(2, 4))))
+    with pytest.raises(ValueError, match="pos_bias must be"):
+        jagged.jagged_self_attention(**(inputs | dict(pos_bias=torch.zeros(3, 5))))
+    with pytest.raises(ValueError, match="k has shape"):
+        jagged.jagged_self_attention(**(inputs | dict(k=torch.zeros(5, 2, 8))))
+    cross = cross_inputs([1, 2], [3, 4], 2, 4, torch.float32, 0)
+    with pytest.raises(ValueError, match="q_offsets has 2 sequences, kv_offsets 3"):
+        jagged.jagged_cross_attention(**(cross | dict(kv_offsets=offsets_of([3, 4, 0]))))
+
+
+def test_dispatcher_auto_picks_jagged_on_cpu():
+    assert dispatch.resolve("auto", torch.device("cpu")) == "jagged"
+    inputs = self_inputs([3, 0, 5], 2, 4, True, 2, 3, torch.float32, 0)
+    direct = jagged.jagged_self_attention(**inputs)
+    rest = {key: value for key, value in inputs.items() if key not in ("q", "k", "v", "offsets")}
+    via_auto = dispatch.jagged_self_attention(
+        inputs["q"], inputs["k"], inputs["v"], inputs["offsets"], **rest
+    )
+    assert torch.equal(via_auto, direct)
