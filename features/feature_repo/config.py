@@ -44,7 +44,7 @@ def render_feature_store_yaml(ws: Workspace, cfg: FeatureStoreConfig) -> Path:
     doc = {
         "project": cfg.project,
         "provider": "local",
-        "registry": {"registry_type": "file", "path": str(repo / "registry.db"), "cache_ttl_seconds": 0},
+        "registry": {"registry_type": "file", "path": str(repo / "registry.db"), "cache_ttl_seconds": 60},
         "offline_store": {"type": "duckdb"},
         "online_store": online,
         "entity_key_serialization_version": 3,
