@@ -1,0 +1,82 @@
+"""Serving commands: ``serve`` (the KServe ModelServer with the online ranker), ``rank`` (a small client) and
+``serving-manifest`` (the InferenceService for a cluster, from the same config)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        cfg_path: ConfigOpt = None,
+        overrides: SetOpt = None,
+        ws: WorkspaceOpt = None,
+        http_port: Annotated[
+            int | None, typer.Option("--http-port", help="HTTP port (default 8080).")
+        ] = None,
+        model_uri: Annotated[
+            str | None, typer.Option("--model-uri", help="MLflow URI or a local model.pt bundle path.")
+        ] = None,
+    ) -> None:
+        """Serve the online ranker (KServe V1 + V2 REST) until interrupted."""
+        from serving.config import ServingConfig
+        from serving.model_source import ModelLoadError
+        from serving.server import serve
+
+        cfg = config(ServingConfig, cfg_path, overrides, http_port=http_port, model_uri=model_uri)
+        try:
+            serve(cfg, workspace(ws))
+        except ModelLoadError as err:
+            raise typer.BadParameter(str(err)) from err
+
+    @app.command("rank")
+    def rank_cmd(
+        user_id: Annotated[int, typer.Option("--user", "-u", help="User id.")],
+        candidates: Annotated[str, typer.Option("--candidates", help="Comma-separated ad ids.")],
+        url: Annotated[str, typer.Option(help="Server base URL.")] = "http://127.0.0.1:8080",
+        model: Annotated[str, typer.Option(help="Model name.")] = "gem-ranker",
+        surface: Annotated[str | None, typer.Option(help="Context surface (feed, stories, ...).")] = None,
+        protocol: Annotated[str, typer.Option(help="v1 or v2.")] = "v1",
+        top: Annotated[int, typer.Option(help="How many ranked ads to print.")] = 10,
+    ) -> None:
+        """Ask a running server to rank candidates for a user and print the top ones."""
+        from serving.client import rank
+
+        try:
+            ids = [int(c) for c in candidates.split(",") if c.strip()]
+        except ValueError as err:
+            raise typer.BadParameter(f"--candidates must be comma-separated integers: {err}") from err
+        if protocol not in ("v1", "v2"):
+            raise typer.BadParameter("--protocol must be v1 or v2")
+        context = {"surface": surface} if surface else None
+        try:
+            status, body = rank(url, model, user_id, ids, context, protocol)
+        except OSError as err:
+            raise typer.BadParameter(f"no server answering at {url}: {err}") from err
+        if status != 200:
+            typer.echo(f"HTTP {status}: {body.get('error', body)}", err=True)
+            raise typer.Exit(1)
+        if protocol == "v1":
+            rows = list(zip(body["ad_ids"], body["p_click"], body["p_conversion"], strict=True))[:top]
+            meta = {k: body[k] for k in ("model_version", "embedding_version", "ad_table_as_of", "fallback")}
+        else:
+            out = {o["name"]: o["data"] for o in body["outputs"]}
+            rows = list(zip(out["ad_ids"], out["p_click"], out["p_conversion"], strict=True))[:top]
+            meta = body.get("parameters", {})
+        for ad, pc, pv in rows:
+            typer.echo(f"ad {ad:>8}  p_click {pc:.4f}  p_conversion {pv:.4f}")
+        typer.echo(json.dumps(meta, indent=2))
+
+    @app.command("serving-manifest")
+    def manifest_cmd(cfg_path: ConfigOpt = None, overrides: SetOpt = None) -> None:
+        """Print the KServe InferenceService (YAML) rendered from the serving config."""
+        from serving.config import ServingConfig
+        from serving.manifest import render_yaml
+
+        typer.echo(render_yaml(config(ServingConfig, cfg_path, overrides)))

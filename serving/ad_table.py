@@ -1,0 +1,184 @@
+"""Candidate (ad) features in process: numpy arrays indexed by ad id, refreshed from Feast in the background.
+
+One Feast online read of 1,000 ads costs more than a whole request's budget, so requests never read ads from
+the store: they index an immutable ``AdSnapshot``. A background thread builds a new snapshot every
+``refresh_seconds`` and swaps the reference (one assignment; readers take the reference once per request, so a
+request never sees half a refresh). A failed refresh keeps the previous snapshot and is reported.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+UTC = dt.UTC
+
+
+@dataclass(frozen=True)
+class AdSnapshot:
+    """``columns[name][ad_id]`` (float64, NaN where the store has no value); ``known[ad_id]`` marks loaded ads."""
+
+    columns: dict[str, np.ndarray]
+    known: np.ndarray  # (max_id + 1,) bool
+    as_of: dt.datetime | None  # newest feature timestamp in the snapshot (the data's "as of")
+    loaded_at: dt.datetime  # wall clock of the refresh that built it
+
+    @property
+    def num_ads(self) -> int:
+        return int(self.known.sum())
+
+    @classmethod
+    def empty(cls, columns: list[str]) -> AdSnapshot:
+        return cls({c: np.zeros(0) for c in columns}, np.zeros(0, bool), None, dt.datetime.now(UTC))
+
+    @classmethod
+    def from_rows(
+        cls, ad_ids: np.ndarray, values: dict[str, np.ndarray], as_of: dt.datetime | None
+    ) -> AdSnapshot:
+        ad_ids = np.asarray(ad_ids, np.int64)
+        if len(ad_ids) and ad_ids.min() < 0:
+            raise ValueError("ad ids must be >= 0")
+        size = int(ad_ids.max()) + 1 if len(ad_ids) else 0
+        known = np.zeros(size, bool)
+        known[ad_ids] = True
+        columns = {}
+        for name, col in values.items():
+            arr = np.full(size, np.nan)
+            arr[ad_ids] = np.asarray(col, np.float64)
+            columns[name] = arr
+        return cls(columns, known, as_of, dt.datetime.now(UTC))
+
+    def lookup(self, ad_ids: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(N, len(names)) float64 features (NaN for unknown ads or missing values) and the (N,) known mask."""
+        inside = (ad_ids >= 0) & (ad_ids < len(self.known))
+        idx = np.where(inside, ad_ids, 0)
+        known = inside & (self.known[idx] if len(self.known) else False)
+        out = np.full((len(ad_ids), len(names)), np.nan)
+        for j, name in enumerate(names):
+            col = self.columns.get(name)
+            if col is not None and len(col):
+                out[:, j] = np.where(known, col[idx], np.nan)
+        return out, known
+
+
+Loader = Callable[[], AdSnapshot]
+
+
+@dataclass
+class AdTable:
+    """Holds the current snapshot and refreshes it with ``loader`` on a daemon thread."""
+
+    loader: Loader
+    refresh_seconds: float = 60.0
+    snapshot: AdSnapshot = field(default_factory=lambda: AdSnapshot.empty([]))
+    last_error: str | None = None
+    refreshes: int = 0
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self.refreshes > 0
+
+    def refresh(self) -> bool:
+        """Build and swap in a new snapshot; on failure keep the old one and record why."""
+        t0 = time.perf_counter()
+        try:
+            snap = self.loader()
+        except Exception as err:  # noqa: BLE001 (any store failure must leave serving up)
+            self.failures += 1
+            self.last_error = f"{type(err).__name__}: {err}"
+            log.warning(
+                "ad table refresh failed (keeping the snapshot from %s): %s", self.snapshot.loaded_at, err
+            )
+            return False
+        self.snapshot = snap
+        self.refreshes += 1
+        self.last_error = None
+        log.info(
+            "ad table: %d ads as of %s (%.0f ms)", snap.num_ads, snap.as_of, 1e3 * (time.perf_counter() - t0)
+        )
+        return True
+
+    def start(self) -> None:
+        """First refresh now (so a healthy store serves from the first request), then in the background."""
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="ad-table-refresh", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_seconds if self.loaded else min(self.refresh_seconds, 2.0)):
+            self.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def status(self) -> dict:
+        snap = self.snapshot
+        return {
+            "loaded": self.loaded,
+            "ads": snap.num_ads,
+            "as_of": snap.as_of.isoformat() if snap.as_of else None,
+            "loaded_at": snap.loaded_at.isoformat() if self.loaded else None,
+            "refreshes": self.refreshes,
+            "failures": self.failures,
+            "last_error": self.last_error,
+        }
+
+
+# ------------------------------------------------------------------------------------------ Feast loader
+def feast_ad_loader(
+    store, ad_ids: Callable[[], np.ndarray], feature_service: str, chunk: int = 2000
+) -> Loader:
+    """A loader reading every ad of ``ad_ids()`` through the Feast SDK's online read of ``feature_service``."""
+
+    def load() -> AdSnapshot:
+        ids = np.unique(np.asarray(ad_ids(), np.int64))
+        service = store.get_feature_service(feature_service)
+        values: dict[str, list] = {}
+        newest = 0
+        for start in range(0, len(ids), chunk):
+            rows = [{"ad_id": int(i)} for i in ids[start : start + chunk]]
+            resp = store.get_online_features(features=service, entity_rows=rows).to_dict(
+                include_event_timestamps=True
+            )
+            for key, col in resp.items():
+                if key == "ad_id":
+                    continue
+                if key.endswith("__ts"):
+                    newest = max(newest, max((t for t in col if t), default=0))
+                    continue
+                values.setdefault(key, []).extend(np.nan if v is None else v for v in col)
+        as_of = dt.datetime.fromtimestamp(newest, UTC) if newest else None
+        return AdSnapshot.from_rows(ids, {k: np.asarray(v, np.float64) for k, v in values.items()}, as_of)
+
+    return load
+
+
+def offline_ad_ids(ws, tables: tuple[str, ...] = ("ad_attributes", "ad_stats")) -> Callable[[], np.ndarray]:
+    """The ad universe: every ad id in the offline partitions of ``tables`` (the id column only)."""
+    import pyarrow.parquet as pq
+
+    def ids() -> np.ndarray:
+        seen = [np.zeros(0, np.int64)]
+        for table in tables:
+            for path in sorted(ws.offline(table).glob("date=*/*.parquet")):
+                seen.append(
+                    pq.read_table(path, columns=["ad_id"]).column("ad_id").to_numpy().astype(np.int64)
+                )
+        return np.unique(np.concatenate(seen))
+
+    return ids

@@ -1,0 +1,66 @@
+"""A small HTTP client of the ranker (``gemflow rank``, tests, the load bench): V1 and V2 bodies, one call."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+
+def v1_body(user_id: int, candidates: list[int], context: dict | None = None) -> dict:
+    body: dict = {"user_id": user_id, "candidates": candidates}
+    if context:
+        body["context"] = context
+    return body
+
+
+def v2_body(user_id: int, candidates: list[int], context: dict | None = None) -> dict:
+    inputs = [
+        {"name": "user_id", "shape": [1], "datatype": "INT64", "data": [user_id]},
+        {"name": "candidates", "shape": [len(candidates)], "datatype": "INT64", "data": candidates},
+    ]
+    ctx = context or {}
+    if "surface" in ctx:
+        inputs.append({"name": "surface", "shape": [1], "datatype": "BYTES", "data": [ctx["surface"]]})
+    if "hour" in ctx:
+        inputs.append({"name": "hour", "shape": [1], "datatype": "INT64", "data": [ctx["hour"]]})
+    if "request_ts" in ctx:
+        inputs.append({"name": "request_ts", "shape": [1], "datatype": "FP64", "data": [ctx["request_ts"]]})
+    return {"inputs": inputs}
+
+
+def post(url: str, body: dict | bytes, timeout: float = 10.0) -> tuple[int, dict]:
+    """POST JSON; returns (status, decoded body) for 2xx and 4xx/5xx alike."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        text = err.read()
+        try:
+            return err.code, json.loads(text or b"{}")
+        except json.JSONDecodeError:
+            return err.code, {"error": text.decode(errors="replace")}
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def rank(
+    base_url: str,
+    model: str,
+    user_id: int,
+    candidates: list[int],
+    context: dict | None = None,
+    protocol: str = "v1",
+) -> tuple[int, dict]:
+    base = base_url.rstrip("/")
+    if protocol == "v2":
+        return post(f"{base}/v2/models/{model}/infer", v2_body(user_id, candidates, context))
+    return post(f"{base}/v1/models/{model}:predict", v1_body(user_id, candidates, context))

@@ -1,0 +1,85 @@
+"""The serving config: one dataclass drives the local ``gemflow serve`` process and the cluster InferenceService.
+
+Budgets are in milliseconds. ``feature_timeout_ms`` bounds the per-request online-store read (the user side);
+past it the request is answered on the degraded path. ``request_timeout_ms`` is the last-resort guard of the
+whole request (answered 503, never a hang).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from features.feature_repo import FeatureStoreConfig
+
+MODEL_NAME = "gem-ranker"
+
+
+@dataclass
+class LimitsConfig:
+    max_candidates: int = 5000
+    max_body_bytes: int = 1_000_000  # a 5,000-candidate request is ~40 kB of JSON
+    feature_timeout_ms: float = 8.0  # user-side online read (worker thread); past it -> degraded
+    request_timeout_ms: float = 2000.0  # whole request; past it -> 503 with a message
+    max_context_keys: int = 16
+
+
+@dataclass
+class ScoringConfig:
+    batch_size: int = 2048  # candidates scored per forward call (they share the user's K/V)
+    torch_threads: int = 1  # intra-op threads per process (the box has 2 cores; >1 rarely pays at this size)
+    feature_workers: int = 2  # threads for online-store reads; all busy -> degraded immediately, no queueing
+
+
+@dataclass
+class AdTableConfig:
+    refresh_seconds: float = 60.0  # background refresh period of the in-process ad table
+    lookup_chunk: int = 2000  # ads per Feast online read during a refresh
+    feature_service: str = "ad_candidates"
+
+
+@dataclass
+class ClusterConfig:
+    """What ``serving.manifest`` renders into the InferenceService (Knative mode, canary)."""
+
+    namespace: str = "gemflow"
+    image: str = "ghcr.io/gemflow/gemflow:0.1.0"
+    service_account: str = ""
+    canary_traffic_percent: int = 10  # share of traffic sent to the newest revision (Knative only)
+    min_replicas: int = 1
+    max_replicas: int = 4
+    cpu_request: str = "2"
+    cpu_limit: str = "2"
+    memory_request: str = "2Gi"
+    memory_limit: str = "4Gi"
+    mlflow_tracking_uri: str = "http://mlflow.gemflow.svc.cluster.local:5000"
+    redis_connection: str = "redis.gemflow.svc.cluster.local:6379"
+
+
+@dataclass
+class ServingConfig:
+    model_name: str = MODEL_NAME
+    model_uri: str = f"models:/{MODEL_NAME}@champion"
+    tracking_uri: str = ""  # "" = sqlite:///<ws.mlflow>/mlflow.db, the embedded default
+    # The user-model version the cached embeddings must come from; "" = the one the ranker was trained against.
+    expected_user_model_version: str = ""
+    http_port: int = 8080
+    feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    ad_table: AdTableConfig = field(default_factory=AdTableConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        lim = self.limits
+        if lim.max_candidates < 1:
+            raise ValueError(f"limits.max_candidates must be >= 1, got {lim.max_candidates}")
+        if lim.max_body_bytes < 1024:
+            raise ValueError(f"limits.max_body_bytes must be >= 1024, got {lim.max_body_bytes}")
+        if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0:
+            raise ValueError("limits.feature_timeout_ms and limits.request_timeout_ms must be > 0")
+        if self.scoring.batch_size < 1 or self.scoring.feature_workers < 1:
+            raise ValueError("scoring.batch_size and scoring.feature_workers must be >= 1")
+        if not 0 <= self.cluster.canary_traffic_percent <= 100:
+            raise ValueError(
+                f"cluster.canary_traffic_percent must be in 0..100, got {self.cluster.canary_traffic_percent}"
+            )

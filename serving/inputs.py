@@ -1,0 +1,145 @@
+"""Online features -> the ranker's tensors, with exactly the transforms training applies (``models.data``).
+
+- recent events: the online store's last events, oldest first, cut to ``ranker.recent_events``; time gaps are
+  bucketed against the request time (``time_bucket(request_ts - ts)``, as ``BatchBuilder(gap_to="request")``);
+  an event's advertiser comes from the ad table; its surface from ``recent_surfaces`` when the view has it,
+  else ``MISSING_SURFACE`` (counted: the ``user_recent_events`` view does not carry surfaces yet);
+- profile: gender / country ids (missing -> -1, the OOV row), age as ``(age - 40) / 15`` (missing -> 0 years,
+  as ``nan_to_num`` does in training);
+- candidates: ids from the ad table (unknown ad -> -1, the OOV row), the request's surface, dense features
+  through the trained ``DenseSpec`` (``apply`` itself, computed once per ad-table snapshot);
+- cached user tokens: the embedding split into ``num_user_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from features.schema import SURFACE_ID
+from models.data import Candidates, DenseSpec, Events, Profile, time_bucket
+from serving.ad_table import AdSnapshot
+from serving.user_features import UserFeatures
+
+MISSING_SURFACE = SURFACE_ID["feed"]
+AGE_CENTER, AGE_SCALE = 40.0, 15.0  # models.data.BatchBuilder's age normalization
+
+
+@dataclass
+class AdArrays:
+    """Per-snapshot, per-model arrays indexed by ad id (built once per refresh, not per request)."""
+
+    snapshot: AdSnapshot
+    dense: np.ndarray  # (size, F) float32, normalized
+    advertiser: np.ndarray  # (size,) int64, -1 unknown
+    category: np.ndarray  # (size,) int64, -1 unknown
+    missing_columns: list[str]  # trained dense columns the ad table does not hold
+    default: np.ndarray  # (F,) the dense row of an ad without values (training's NaN handling)
+
+    @classmethod
+    def build(cls, snap: AdSnapshot, spec: DenseSpec) -> AdArrays:
+        size = len(snap.known)
+        frame, missing = {}, []
+        for col in spec.columns:
+            src = col if col in snap.columns else f"ad_{col}"
+            if src in snap.columns:
+                frame[col] = snap.columns[src]
+            else:
+                frame[col] = np.full(size, np.nan)
+                missing.append(col)
+        dense = (
+            spec.apply(pd.DataFrame(frame, index=pd.RangeIndex(size)))
+            if size
+            else np.zeros((0, len(spec.columns)), np.float32)
+        )
+
+        def ids(name: str) -> np.ndarray:
+            col = snap.columns.get(name)
+            if col is None:
+                return np.full(size, -1, np.int64)
+            return np.where(snap.known & ~np.isnan(col), np.nan_to_num(col, nan=-1), -1).astype(np.int64)
+
+        adv, cat = ids("ad_advertiser_id"), ids("ad_category_id")
+        return cls(snap, dense.astype(np.float32), adv, cat, missing, default_dense_row(spec))
+
+    def take(self, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """dense (N, F), advertiser (N,), category (N,), known (N,) for ``ad_ids`` (unknown -> defaults)."""
+        size = len(self.advertiser)
+        inside = (ad_ids >= 0) & (ad_ids < size)
+        idx = np.where(inside, ad_ids, 0)
+        known = inside & self.snapshot.known[idx] if size else np.zeros(len(ad_ids), bool)
+        if size:
+            dense = np.where(known[:, None], self.dense[idx], self.default)
+            adv = np.where(known, self.advertiser[idx], -1)
+            cat = np.where(known, self.category[idx], -1)
+        else:
+            dense = np.broadcast_to(self.default, (len(ad_ids), len(self.default)))
+            adv = cat = np.full(len(ad_ids), -1, np.int64)
+        return np.ascontiguousarray(dense, np.float32), adv, cat, known
+
+
+def default_dense_row(spec: DenseSpec) -> np.ndarray:
+    """What training's normalization gives an ad with no feature values (NaN -> 0 -> z-scored)."""
+    if not spec.columns:
+        return np.zeros(0, np.float32)
+    return spec.apply(pd.DataFrame({c: [np.nan] for c in spec.columns}))[0]
+
+
+def recent_events(
+    feats: UserFeatures | None, ads: AdArrays, request_ts: float, max_events: int, time_buckets: int
+) -> tuple[Events, bool]:
+    """(1 user) Events of the recent window, and whether surfaces had to be filled."""
+    rec = feats.recent if feats is not None and feats.recent is not None else None
+    if rec is None:
+        z = torch.zeros(0, dtype=torch.int64)
+        return Events(z, z, z, z, z, z, z, torch.tensor([0, 0])), False
+    take = slice(max(0, len(rec["recent_ad_ids"]) - max_events), None)
+    ad = rec["recent_ad_ids"][take]
+    ts = rec["recent_ts"][take]
+    filled = "recent_surfaces" not in rec
+    surface = np.full(len(ad), MISSING_SURFACE, np.int64) if filled else rec["recent_surfaces"][take]
+    # the view carries no advertiser per event: the ad table knows each ad's advertiser
+    advertiser = rec["recent_advertiser_ids"][take] if "recent_advertiser_ids" in rec else ads.take(ad)[1]
+    gap = time_bucket(np.int64(int(request_ts)) - ts, time_buckets)
+    t = torch.from_numpy
+    events = Events(
+        ad_id=t(ad.copy()),
+        action=t(rec["recent_actions"][take].copy()),
+        surface=t(np.ascontiguousarray(surface)),
+        category_id=t(rec["recent_category_ids"][take].copy()),
+        advertiser_id=t(np.ascontiguousarray(advertiser, np.int64)),
+        ts=t(ts.copy()),
+        gap_bucket=t(gap),
+        offsets=torch.tensor([0, len(ad)]),
+    )
+    return events, filled
+
+
+def profile(user_id: int, feats: UserFeatures | None) -> Profile:
+    age = feats.age if feats is not None and feats.age is not None and np.isfinite(feats.age) else 0.0
+    gender = feats.gender if feats is not None and feats.gender is not None else -1
+    country = feats.country if feats is not None and feats.country is not None else -1
+    return Profile(
+        user_id=torch.tensor([user_id]),
+        gender=torch.tensor([gender]),
+        country=torch.tensor([country]),
+        dense=torch.tensor([[(age - AGE_CENTER) / AGE_SCALE]], dtype=torch.float32),
+    )
+
+
+def candidates(ad_ids: np.ndarray, surface: int, ads: AdArrays) -> tuple[Candidates, int]:
+    """Candidates of one request and how many were unknown to the ad table."""
+    dense, adv, cat, known = ads.take(ad_ids)
+    n = len(ad_ids)
+    cands = Candidates(
+        ad_id=torch.from_numpy(ad_ids),
+        advertiser_id=torch.from_numpy(adv),
+        category_id=torch.from_numpy(cat),
+        surface=torch.full((n,), surface, dtype=torch.int64),
+        dense=torch.from_numpy(dense),
+        offsets=torch.tensor([0, n]),
+    )
+    return cands, int(n - known.sum())

@@ -1,0 +1,107 @@
+"""Loading the ranker to serve: from the MLflow registry (``models:/gem-ranker@champion``) or a local bundle.
+
+Registry models are logged pickle-free (state dict + JSON spec, ``models.registry``); this process refuses pickle
+deserialization outright (``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false``) so a pickled artifact can never run
+here. A local path (a ``model.pt`` bundle or its run folder, ``models.inference``) serves a model straight from
+training, e.g. before it is registered.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from models.data import DenseSpec
+from models.ranker import Ranker
+
+
+@dataclass
+class ServedModel:
+    ranker: Ranker
+    dense: DenseSpec  # candidate dense features and their normalization, as trained
+    version: str  # what the response reports (registry version or run name)
+    user_model_version: str  # the user model whose cached tokens the ranker was trained on ("" = none)
+    uri: str
+
+    @property
+    def cfg(self):
+        return self.ranker.cfg
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def load_served_model(uri: str, tracking_uri: str = "") -> ServedModel:
+    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
+    if uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
+        served = _from_mlflow(uri, tracking_uri)
+    else:
+        served = _from_bundle(uri)
+    if not isinstance(served.ranker, Ranker):
+        raise ModelLoadError(f"{uri} is a {type(served.ranker).__name__}, not the online ranker")
+    served.ranker.eval()
+    return served
+
+
+def _from_bundle(path: str) -> ServedModel:
+    from models.inference import load_bundle
+
+    try:
+        bundle = load_bundle(Path(path))
+    except FileNotFoundError as err:
+        raise ModelLoadError(str(err)) from err
+    if bundle.kind != "ranker":
+        raise ModelLoadError(f"{path} holds a {bundle.kind} model, not the ranker")
+    return ServedModel(bundle.model, bundle.dense, bundle.version, bundle.user_model_version or "", path)
+
+
+def _from_mlflow(uri: str, tracking_uri: str) -> ServedModel:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        pyfunc = mlflow.pyfunc.load_model(uri)
+    except MlflowException as err:
+        raise ModelLoadError(f"cannot load {uri} from {mlflow.get_tracking_uri()}: {err.message}") from err
+    wrapper = pyfunc.unwrap_python_model()
+    spec = getattr(wrapper, "spec", {}).get("model_config", {})
+    if "dense" not in spec:
+        raise ModelLoadError(
+            f"{uri}: its logged spec has no dense-feature normalization ('dense'): not a ranker"
+        )
+    version = str(pyfunc.metadata.model_id or uri) if hasattr(pyfunc, "metadata") else uri
+    version = _registry_version(uri) or spec.get("version") or version
+    return ServedModel(
+        wrapper.model, DenseSpec(**spec["dense"]), version, str(spec.get("user_model_version") or ""), uri
+    )
+
+
+def _registry_version(uri: str) -> str | None:
+    """``models:/name@alias`` or ``models:/name/3`` -> "name/3"."""
+    if not uri.startswith("models:/"):
+        return None
+    from mlflow import MlflowClient
+
+    ref = uri.removeprefix("models:/")
+    client = MlflowClient()
+    try:
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            return f"{name}/{client.get_model_version_by_alias(name, alias).version}"
+        if "/" in ref:
+            return ref
+    except Exception:  # noqa: BLE001 (the version label is informative only)
+        return None
+    return None
+
+
+@torch.no_grad()
+def warm_up(served: ServedModel, scorer, candidates: int = 64) -> None:
+    """One throwaway request so the first client does not pay for lazy initialisation."""
+    scorer.warm_up(candidates)

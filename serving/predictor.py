@@ -1,0 +1,253 @@
+"""The KServe predictor of the online ranker.
+
+    preprocess   validate (V1 JSON or V2 tensors) -> read the user side from Feast (worker thread, deadline)
+    predict      online features -> tensors (serving.inputs) -> user K/V once, candidates in batches
+    postprocess  ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags
+
+Degradation, not failure: an unknown user or a missing/unusable embedding takes the cold-start path (profile +
+recent events only); an embedding from another user-model version is flagged, counted and not used; a slow or
+unavailable store answers from whatever is known (no user side at all) within the budget. Client mistakes
+raise ``InvalidInput`` (HTTP 400) with a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from kserve import Model
+from kserve.errors import InvalidInput
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+
+from gemflow.workspace import Workspace
+from serving import inputs as build
+from serving.ad_table import AdTable, feast_ad_loader, offline_ad_ids
+from serving.config import ServingConfig
+from serving.model_source import ServedModel, load_served_model
+from serving.schema import ParsedRequest, RequestError, parse_request, v2_to_body
+from serving.scorer import UserInputs, score_shared, user_tokens
+from serving.stats import ServingStats
+from serving.user_features import UserFeatureReader, UserFeatures
+
+log = logging.getLogger(__name__)
+USER_SERVICE = "ranker_serving"
+PROBE_SECONDS = 1.0  # how long a feature-store readiness probe result is reused
+
+
+@dataclass
+class Job:
+    """What preprocess hands to predict."""
+
+    req: ParsedRequest
+    feats: UserFeatures | None
+    store_problem: str | None
+    v2: bool
+    started: float
+    fetch_ms: float
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+
+
+class RankerPredictor(Model):
+    def __init__(self, cfg: ServingConfig, ws: Workspace, *, served: ServedModel | None = None, store=None):
+        super().__init__(cfg.model_name)
+        self.cfg, self.ws = cfg, ws
+        self.served = served
+        self.store = store
+        self.stats = ServingStats()
+        self.reader: UserFeatureReader | None = None
+        self.ads: AdTable | None = None
+        self._arrays: build.AdArrays | None = None
+        self._probe: tuple[float, bool, str | None] = (0.0, False, "not probed yet")
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    def load(self) -> bool:
+        torch.set_num_threads(self.cfg.scoring.torch_threads)
+        if self.served is None:
+            self.served = load_served_model(self.cfg.model_uri, self._tracking_uri())
+        if self.store is None:
+            from features.store import open_store
+
+            self.store = open_store(self.ws, self.cfg.feature_store)
+        lim, sc, at = self.cfg.limits, self.cfg.scoring, self.cfg.ad_table
+        self.reader = UserFeatureReader(
+            self.store, USER_SERVICE, lim.feature_timeout_ms / 1e3, sc.feature_workers
+        )
+        loader = feast_ad_loader(self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk)
+        self.ads = AdTable(loader, at.refresh_seconds)
+        self.ads.start()
+        self._warm_up()
+        self.ready = True  # the model is loaded: requests are served (degraded if the store is down)
+        log.info(
+            "ranker %s loaded from %s (expects user model %r); ad table: %s",
+            self.served.version, self.served.uri, self.expected_user_model_version, self.ads.status(),
+        )  # fmt: skip
+        return self.ready
+
+    def stop(self) -> None:
+        if self.ads:
+            self.ads.stop()
+        if self.reader:
+            self.reader.close()
+        super().stop()
+
+    def _tracking_uri(self) -> str:
+        return self.cfg.tracking_uri or f"sqlite:///{self.ws.mlflow / 'mlflow.db'}"
+
+    @property
+    def expected_user_model_version(self) -> str:
+        return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
+
+    def _warm_up(self) -> None:
+        recent, _ = build.recent_events(None, self.ad_arrays(), time.time(), 1, 1)
+        user = UserInputs(recent, build.profile(0, None), None)
+        cands, _ = build.candidates(np.arange(8, dtype=np.int64), 0, self.ad_arrays())
+        score_shared(self.served.ranker, user, cands, self.cfg.scoring.batch_size)
+
+    def ad_arrays(self) -> build.AdArrays:
+        """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
+        snap = self.ads.snapshot
+        if self._arrays is None or self._arrays.snapshot is not snap:
+            self._arrays = build.AdArrays.build(snap, self.served.dense)
+            if self._arrays.missing_columns:
+                log.warning("ad table lacks trained dense column(s) %s", self._arrays.missing_columns)
+        return self._arrays
+
+    # ------------------------------------------------------------------------------------------- readiness
+    async def readiness(self) -> tuple[bool, dict]:
+        """Ready = model loaded AND ad table loaded AND online store answering (probed, cached 1 s)."""
+        now = time.monotonic()
+        at, ok, why = self._probe
+        if now - at > PROBE_SECONDS and self.reader is not None:
+            feats, problem = await self.reader.read(0)
+            ok, why = problem is None, problem
+            self._probe = (now, ok, why)
+        ads = self.ads.status() if self.ads else {"loaded": False}
+        detail = {
+            "name": self.name,
+            "model_loaded": self.ready,
+            "model_version": self.served.version if self.served else None,
+            "expected_user_model_version": self.expected_user_model_version,
+            "feature_store": {"ok": ok, "problem": why},
+            "ad_table": ads,
+        }
+        ready = bool(self.ready and ok and ads.get("loaded"))
+        return ready, {**detail, "ready": ready}
+
+    # ------------------------------------------------------------------------------------------- handlers
+    async def preprocess(self, payload, headers=None) -> Job:
+        started = time.perf_counter()
+        v2 = isinstance(payload, InferRequest)
+        try:
+            if v2:
+                body = v2_to_body(payload.inputs)
+            elif isinstance(payload, bytes | str):
+                raise RequestError("the body must be JSON with Content-Type: application/json")
+            else:
+                body = payload
+            req = parse_request(body, self.cfg.limits.max_candidates)
+        except RequestError as err:
+            self.stats.request("rejected")
+            raise InvalidInput(str(err)) from None
+        t0 = time.perf_counter()
+        feats, problem = await self.reader.read(req.user_id)
+        return Job(req, feats, problem, v2, started, 1e3 * (time.perf_counter() - t0))
+
+    def predict(self, job: Job, headers=None) -> dict:
+        served, req, feats = self.served, job.req, job.feats
+        ads = self.ad_arrays()
+        reasons: list[str] = []
+        if job.store_problem:
+            reasons.append(job.store_problem)
+        elif feats is None or not feats.known:
+            reasons.append("unknown_user")
+        request_ts = req.request_ts if req.request_ts is not None else time.time()
+        cfg = served.cfg
+        recent, filled = build.recent_events(feats, ads, request_ts, cfg.recent_events, cfg.time_buckets)
+        tokens, why_not = user_tokens(feats.embedding if feats else None, served.ranker)
+        embedding_version = feats.embedding_version if feats else None
+        mismatch = False
+        expected = self.expected_user_model_version
+        if tokens is not None and expected and embedding_version != expected:
+            mismatch, tokens = True, None  # tokens from another model live in another space: do not use them
+            self.stats.version_mismatch()
+            reasons.append("embedding_version_mismatch")
+        elif tokens is None and served.ranker.user_proj is not None and feats is not None and feats.known:
+            reasons.append(why_not)
+        cold_start = served.ranker.user_proj is not None and tokens is None
+        user = UserInputs(recent, build.profile(req.user_id, feats), tokens)
+        cands, unknown = build.candidates(req.candidates, req.surface, ads)
+        t0 = time.perf_counter()
+        probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size)
+        score_ms = 1e3 * (time.perf_counter() - t0)
+        order = np.argsort(-probs[:, 0], kind="stable")
+        self.stats.unknown(unknown)
+        for reason in reasons:
+            self.stats.fallback(reason)
+        degraded = bool(reasons) or not self.ads.loaded
+        self.stats.request("degraded" if degraded else "ok")
+        snap = ads.snapshot
+        return {
+            "request_id": job.request_id,
+            "user_id": req.user_id,
+            "ad_ids": req.candidates[order],
+            "p_click": probs[order, 0],
+            "p_conversion": probs[order, 1],
+            "model_name": self.name,
+            "model_version": served.version,
+            "expected_user_model_version": expected,
+            "embedding_version": embedding_version,
+            "ad_table_as_of": snap.as_of.isoformat() if snap.as_of else None,
+            "fallback": {
+                "degraded": degraded,
+                "cold_start": cold_start,
+                "embedding_version_mismatch": mismatch,
+                "feature_store_unavailable": job.store_problem is not None,
+                "ad_table_loaded": self.ads.loaded,
+                "unknown_ads": unknown,
+                "recent_surfaces_filled": filled,
+                "reasons": reasons,
+            },
+            "timing_ms": {
+                "features": round(job.fetch_ms, 3),
+                "score": round(score_ms, 3),
+                "total": round(1e3 * (time.perf_counter() - job.started), 3),
+            },
+            "_v2": job.v2,
+            "_wrapped": req.wrapped,
+        }
+
+    def postprocess(self, result: dict, headers=None, response_headers=None):
+        v2, wrapped = result.pop("_v2"), result.pop("_wrapped")
+        if v2:
+            return _v2_response(self.name, result)
+        out = {
+            **result,
+            "ad_ids": result["ad_ids"].tolist(),
+            "p_click": result["p_click"].tolist(),
+            "p_conversion": result["p_conversion"].tolist(),
+        }
+        return {"predictions": [out]} if wrapped else out
+
+
+def _v2_response(model_name: str, r: dict) -> InferResponse:
+    n = len(r["ad_ids"])
+    outputs = [
+        InferOutput("ad_ids", [n], "INT64", r["ad_ids"].astype(np.int64)),
+        InferOutput("p_click", [n], "FP32", r["p_click"].astype(np.float32)),
+        InferOutput("p_conversion", [n], "FP32", r["p_conversion"].astype(np.float32)),
+    ]
+    fb = r["fallback"]
+    params = {
+        "user_id": r["user_id"],
+        "model_version": r["model_version"],
+        "expected_user_model_version": r["expected_user_model_version"] or "",
+        "embedding_version": r["embedding_version"] or "",
+        "ad_table_as_of": r["ad_table_as_of"] or "",
+        **{f"fallback.{k}": (",".join(v) if isinstance(v, list) else v) for k, v in fb.items()},
+        **{f"timing_ms.{k}": v for k, v in r["timing_ms"].items()},
+    }
+    return InferResponse(r["request_id"], model_name, outputs, parameters=params)

@@ -1,0 +1,162 @@
+"""The ranking request: what a client may send, validated strictly, every problem named in the error.
+
+    {"user_id": 42, "candidates": [7, 19, 3], "context": {"surface": "feed", "hour": 13, "request_ts": 1.7e9}}
+
+V1 accepts that object as the body (or wrapped as ``{"instances": [<it>]}``); V2 / Open Inference Protocol
+sends the same fields as named tensors (``user_id`` INT64 [1], ``candidates`` INT64 [N], optional ``surface``
+BYTES [1], ``hour`` INT* [1], ``request_ts`` FP* [1]). Strict types: no strings for numbers, no floats or
+booleans for ids, no NaN/inf, no unknown fields, no duplicate or negative ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from features.schema import SURFACES
+
+INT64_MAX = 2**63 - 1
+Id = Annotated[int, Field(ge=0, le=INT64_MAX)]
+V2_INT = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+V2_FLOAT = ("FP32", "FP64")
+
+
+class RequestError(ValueError):
+    """A client mistake: answered 4xx with this message."""
+
+
+class RankContext(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    surface: str = "feed"
+    hour: Annotated[int, Field(ge=0, le=23)] | None = None
+    request_ts: Annotated[float, Field(gt=0)] | None = None  # epoch seconds; default: the server's clock
+
+
+class RankRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    user_id: Id
+    candidates: list[Id]
+    context: RankContext = Field(default_factory=RankContext)
+
+
+@dataclass
+class ParsedRequest:
+    user_id: int
+    candidates: np.ndarray  # (N,) int64, in request order, unique
+    surface: int  # SURFACES id
+    hour: int | None
+    request_ts: float | None
+    wrapped: bool  # V1 ``instances`` form: answer as ``predictions``
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:5]:
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "body"
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {_short(got)})"
+        parts.append(f"{loc}: {e['msg']}{shown}")
+    more = err.error_count() - len(parts)
+    return "; ".join(parts) + (f"; and {more} more problem(s)" if more > 0 else "")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_request(body: Any, max_candidates: int) -> ParsedRequest:
+    """A V1 body (already JSON-decoded) -> ParsedRequest, or RequestError naming what is wrong."""
+    wrapped = False
+    if isinstance(body, dict) and "instances" in body:
+        if set(body) != {"instances"}:
+            raise RequestError(f"with 'instances', no other top-level field is allowed; got {sorted(body)}")
+        instances = body["instances"]
+        if not isinstance(instances, list) or len(instances) != 1:
+            raise RequestError("'instances' must be a list holding exactly one ranking request")
+        body, wrapped = instances[0], True
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        req = RankRequest.model_validate(body)
+    except ValidationError as err:
+        raise RequestError(f"invalid request: {_describe(err)}") from None
+    return _check(req, max_candidates, wrapped)
+
+
+def _check(req: RankRequest, max_candidates: int, wrapped: bool) -> ParsedRequest:
+    n = len(req.candidates)
+    if n == 0:
+        raise RequestError("candidates: the list is empty (send 1 or more ad ids)")
+    if n > max_candidates:
+        raise RequestError(f"candidates: {n} ad ids is more than the limit of {max_candidates}")
+    cands = np.asarray(req.candidates, dtype=np.int64)
+    uniq, counts = np.unique(cands, return_counts=True)
+    if len(uniq) != n:
+        dup = uniq[counts > 1][:5].tolist()
+        raise RequestError(f"candidates: duplicate ad id(s) {dup}; each candidate must appear once")
+    ctx = req.context
+    if ctx.surface not in SURFACES:
+        raise RequestError(f"context.surface: {ctx.surface!r} is not one of {list(SURFACES)}")
+    return ParsedRequest(
+        user_id=req.user_id,
+        candidates=cands,
+        surface=SURFACES.index(ctx.surface),
+        hour=ctx.hour,
+        request_ts=ctx.request_ts,
+        wrapped=wrapped,
+    )
+
+
+# ------------------------------------------------------------------------------------------- V2 tensors
+def v2_to_body(inputs: list) -> dict:
+    """Open Inference Protocol inputs (kserve ``InferInput``s) -> the V1-shaped body, checked tensor by tensor."""
+    known = {"user_id", "candidates", "surface", "hour", "request_ts"}
+    body: dict[str, Any] = {}
+    context: dict[str, Any] = {}
+    for tensor in inputs:
+        name, dtype, shape = tensor.name, str(tensor.datatype).upper(), list(tensor.shape)
+        if name not in known:
+            raise RequestError(f"input {name!r} is not known; expected some of {sorted(known)}")
+        if name in body or name in context:
+            raise RequestError(f"input {name!r} is given twice")
+        data = tensor.data
+        data = data.tolist() if isinstance(data, np.ndarray) else list(data) if data is not None else []
+        if any(isinstance(d, list) for d in data):
+            data = [x for row in data for x in (row if isinstance(row, list) else [row])]
+        if int(np.prod(shape)) != len(data):
+            raise RequestError(f"input {name!r}: shape {shape} does not match its {len(data)} data value(s)")
+        if name == "candidates":
+            _need(name, dtype, V2_INT)
+            body[name] = data
+            continue
+        if len(data) != 1:
+            raise RequestError(f"input {name!r} must hold exactly one value, got {len(data)}")
+        value = data[0]
+        if name == "user_id":
+            _need(name, dtype, V2_INT)
+            body[name] = value
+        elif name == "surface":
+            _need(name, dtype, ("BYTES",))
+            context[name] = value.decode() if isinstance(value, bytes) else value
+        elif name == "hour":
+            _need(name, dtype, V2_INT)
+            context[name] = value
+        else:
+            _need(name, dtype, V2_FLOAT + V2_INT)
+            context[name] = (
+                float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+            )
+    if context:
+        body["context"] = context
+    return body
+
+
+def _need(name: str, dtype: str, allowed: tuple[str, ...]) -> None:
+    if dtype not in allowed:
+        raise RequestError(f"input {name!r}: datatype {dtype} is not allowed; use one of {list(allowed)}")

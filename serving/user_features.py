@@ -1,0 +1,111 @@
+"""The per-request user side from the Feast online store: profile, recent events, cached embedding.
+
+Reads run on a small worker pool and are awaited with a deadline; a slow or failing store yields ``None`` plus
+the reason, and the request continues on the degraded path. When every worker is still stuck on an earlier read
+(a locked or hung store), new requests do not queue behind it: they are answered degraded at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+RECENT_FIELDS = ("recent_ad_ids", "recent_actions", "recent_category_ids", "recent_ts")
+# Optional per-event fields: read when the feature view provides them, else filled (see serving.inputs).
+OPTIONAL_RECENT_FIELDS = ("recent_surfaces", "recent_advertiser_ids")
+
+
+@dataclass
+class UserFeatures:
+    """One user's online features; ``None`` fields were absent from the store (unknown user, no embedding)."""
+
+    age: float | None
+    gender: int | None
+    country: int | None
+    recent: dict[str, np.ndarray] | None  # RECENT_FIELDS (+ any optional ones) -> (n,) int64, oldest first
+    embedding: np.ndarray | None  # (E,) float32
+    embedding_version: str | None
+
+    @property
+    def known(self) -> bool:
+        return self.gender is not None or self.recent is not None or self.embedding is not None
+
+
+def parse_online_row(row: dict) -> UserFeatures:
+    """One entity's ``OnlineResponse.to_dict()`` (single-element lists) -> UserFeatures."""
+
+    def one(name):
+        col = row.get(name)
+        return col[0] if col else None
+
+    recent = None
+    if one("recent_ad_ids") is not None:
+        recent = {}
+        for name in (*RECENT_FIELDS, *OPTIONAL_RECENT_FIELDS):
+            value = one(name)
+            if value is not None:
+                recent[name] = np.asarray(value, np.int64)
+        lengths = {len(v) for v in recent.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"recent-event lists of different lengths {sorted(lengths)} in the online store")
+    emb = one("user_embedding")
+    return UserFeatures(
+        age=None if one("user_age") is None else float(one("user_age")),
+        gender=None if one("user_gender") is None else int(one("user_gender")),
+        country=None if one("user_country") is None else int(one("user_country")),
+        recent=recent,
+        embedding=None if emb is None or len(emb) == 0 else np.asarray(emb, np.float32),
+        embedding_version=one("model_version"),
+    )
+
+
+class UserFeatureReader:
+    """``await reader.read(user_id)`` -> (UserFeatures | None, degraded reason | None)."""
+
+    def __init__(self, store, feature_service: str, timeout_s: float, workers: int = 2):
+        self.store = store
+        self.feature_service = feature_service
+        self.timeout_s = timeout_s
+        self.workers = workers
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="feast-read")
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._service = None
+
+    def _read_sync(self, user_id: int) -> UserFeatures:
+        if self._service is None:
+            self._service = self.store.get_feature_service(self.feature_service)
+        row = self.store.get_online_features(
+            features=self._service, entity_rows=[{"user_id": user_id}]
+        ).to_dict()
+        return parse_online_row(row)
+
+    def _release(self, _fut) -> None:  # runs when the read finishes or is cancelled before it started
+        with self._lock:
+            self._busy -= 1
+
+    async def read(self, user_id: int) -> tuple[UserFeatures | None, str | None]:
+        with self._lock:
+            if self._busy >= self.workers:
+                return None, "feature_store_busy"
+            self._busy += 1
+        try:
+            fut = self._pool.submit(self._read_sync, user_id)
+        except RuntimeError as err:  # pool shut down
+            with self._lock:
+                self._busy -= 1
+            return None, f"feature_store_error: {err}"
+        fut.add_done_callback(self._release)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout_s), None
+        except TimeoutError:
+            return None, "feature_store_timeout"
+        except Exception as err:  # noqa: BLE001 (a store failure degrades the answer, never fails it)
+            return None, f"feature_store_error: {type(err).__name__}: {err}"[:200]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

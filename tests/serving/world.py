@@ -1,0 +1,236 @@
+"""A tiny, real serving world: Feast offline tables + an applied, materialized SQLite online store, a small
+ranker bundle, and the same users/candidates written as a training set for the offline batch path.
+
+Users 0..3 have a profile, recent events and an embedding (user 2's embedding comes from an older user-model
+version); user 4 has no embedding; user 5 is unknown to the store. History events are all on the ``feed``
+surface: the ``user_recent_events`` view carries no per-event surface, so serving fills ``feed`` for it
+(``serving.inputs.MISSING_SURFACE``); with any other surface the two paths would differ by design.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from features.feature_repo.offline import write_partition
+from features.feature_repo.tables import (
+    CREATED_TS,
+    EVENT_TS,
+    FEATURE_TABLES,
+    STATS_KINDS,
+    STATS_WINDOWS,
+    stats_column,
+)
+from features.schema import ACTIONS, GENDERS, SURFACES
+from gemflow.workspace import Workspace
+
+DAY = dt.date(2026, 3, 2)
+DAY_END = dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
+REQUEST_TS = int(DAY_END.timestamp()) + 3600  # one hour after the features were computed
+NUM_USERS, NUM_ADS, NUM_CATEGORIES, NUM_ADVERTISERS = 6, 60, 5, 7
+KNOWN_USERS = (0, 1, 2, 3, 4)
+USER_MODEL_VERSION, OLD_USER_MODEL_VERSION = "user-model/3", "user-model/2"
+NUM_USER_TOKENS, USER_TOKEN_DIM = 2, 8
+DENSE_COLUMNS = ["quality", "ad_quality", "impressions_7d", "clicks_7d", "ctr_7d", "cvr_28d"]
+
+
+@dataclass
+class World:
+    ws: Workspace
+    model_path: Path
+    ads: pd.DataFrame  # ad_id, advertiser, category, quality + stats
+    users: pd.DataFrame  # user_id, age, gender, country
+    recent: dict[int, pd.DataFrame]  # user -> its recent events (oldest first)
+    embeddings: dict[int, tuple[np.ndarray, str]]
+
+
+def _stamp(df: pd.DataFrame) -> pd.DataFrame:
+    df[EVENT_TS] = pd.Timestamp(DAY_END)
+    df[CREATED_TS] = pd.Timestamp(DAY_END)
+    return df
+
+
+def _write(ws: Workspace, table: str, df: pd.DataFrame) -> None:
+    schema = FEATURE_TABLES[table]
+    write_partition(
+        ws.offline(table, DAY), pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    )
+
+
+def build_world(root: Path, seed: int = 0) -> World:
+    rng = np.random.default_rng(seed)
+    ws = Workspace(root / "ws")
+    ads = pd.DataFrame(
+        {
+            "ad_id": np.arange(NUM_ADS, dtype=np.int64),
+            "ad_advertiser_id": rng.integers(0, NUM_ADVERTISERS, NUM_ADS),
+            "ad_category_id": rng.integers(0, NUM_CATEGORIES, NUM_ADS),
+            "ad_quality": rng.uniform(0, 1, NUM_ADS).astype(np.float32),
+        }
+    )
+    for days in STATS_WINDOWS:
+        imp = rng.integers(0, 500 * days, NUM_ADS)
+        clicks = rng.binomial(imp, 0.05)
+        conv = rng.binomial(clicks, 0.2)
+        ads[stats_column("impressions", days)] = imp
+        ads[stats_column("clicks", days)] = clicks
+        ads[stats_column("conversions", days)] = conv
+        ads[stats_column("ctr", days)] = (clicks / np.maximum(imp, 1)).astype(np.float32)
+        ads[stats_column("cvr", days)] = (conv / np.maximum(clicks, 1)).astype(np.float32)
+    assert all(stats_column(k, d) in ads for k in STATS_KINDS for d in STATS_WINDOWS)
+    _write(ws, "ad_attributes", _stamp(ads.copy()))
+    _write(ws, "ad_stats", _stamp(ads.copy()))
+
+    users = pd.DataFrame(
+        {
+            "user_id": np.array(KNOWN_USERS, np.int64),
+            "user_age": rng.integers(18, 70, len(KNOWN_USERS)),
+            "user_gender": rng.integers(0, len(GENDERS), len(KNOWN_USERS)),
+            "user_country": rng.integers(0, 4, len(KNOWN_USERS)),
+        }
+    )
+    _write(ws, "user_profile", _stamp(users.copy()))
+
+    recent, rows = {}, []
+    for user in KNOWN_USERS:
+        n = int(rng.integers(3, 20))
+        ts = np.sort(REQUEST_TS - 3600 - rng.integers(60, 20 * 86400, n)).astype(np.int64)
+        ad = rng.integers(0, NUM_ADS, n)
+        ev = pd.DataFrame(
+            {
+                "ad_id": ad,
+                "action": rng.integers(0, len(ACTIONS), n),
+                "category_id": ads["ad_category_id"].to_numpy()[ad],
+                "advertiser_id": ads["ad_advertiser_id"].to_numpy()[ad],
+                "surface": np.zeros(n, np.int64),  # see the module docstring
+                "ts": ts,
+            }
+        )
+        recent[user] = ev
+        rows.append(
+            {
+                "user_id": user,
+                "recent_ad_ids": ev["ad_id"].tolist(),
+                "recent_actions": ev["action"].tolist(),
+                "recent_category_ids": ev["category_id"].tolist(),
+                "recent_ts": ev["ts"].tolist(),
+                "recent_time_gaps": (DAY_END.timestamp() - ev["ts"]).astype(np.float32).tolist(),
+            }
+        )
+    _write(ws, "user_recent_events", _stamp(pd.DataFrame(rows)))
+
+    embeddings = {}
+    for user in (0, 1, 2, 3):
+        version = OLD_USER_MODEL_VERSION if user == 2 else USER_MODEL_VERSION
+        embeddings[user] = (rng.normal(0, 1, NUM_USER_TOKENS * USER_TOKEN_DIM).astype(np.float32), version)
+    emb = pd.DataFrame(
+        {
+            "user_id": list(embeddings),
+            "user_embedding": [e.tolist() for e, _ in embeddings.values()],
+            "model_version": [v for _, v in embeddings.values()],
+        }
+    )
+    _write(ws, "user_embedding", _stamp(emb))
+
+    from features.store import open_store
+
+    store = open_store(ws, apply=True)
+    store.materialize(DAY_END - dt.timedelta(days=2), DAY_END + dt.timedelta(minutes=1))
+    model_path = _tiny_ranker(root / "ranker", ads, seed)
+    return World(
+        ws,
+        model_path,
+        ads,
+        users.rename(columns=lambda c: c.removeprefix("user_") if c != "user_id" else c),
+        recent,
+        embeddings,
+    )
+
+
+def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int) -> Path:
+    import torch
+
+    from models.config import RankerConfig
+    from models.data import DenseSpec
+    from models.inference import MODEL_FILE, ModelBundle, build_model, save_bundle
+
+    torch.manual_seed(seed)
+    cfg = RankerConfig(d_model=16, num_layers=2, num_heads=2, ffn_mult=2, num_user_tokens=NUM_USER_TOKENS)
+    vocab = {
+        "ad_id": NUM_ADS, "advertiser_id": NUM_ADVERTISERS, "category_id": NUM_CATEGORIES, "action": len(ACTIONS),
+        "surface": len(SURFACES), "gender": len(GENDERS), "country": 4, "user_id": NUM_USERS,
+    }  # fmt: skip
+    frame = ads.assign(quality=ads["ad_quality"])
+    dense = DenseSpec.fit(frame, DENSE_COLUMNS)
+    model = build_model("ranker", cfg, vocab, len(dense.columns), USER_TOKEN_DIM)
+    with torch.no_grad():  # spread the weights so scores differ visibly between users and candidates
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    bundle = ModelBundle("ranker", model, vocab, dense, USER_TOKEN_DIM, "ranker-run-1", USER_MODEL_VERSION)
+    save_bundle(out / MODEL_FILE, bundle)
+    return out / MODEL_FILE
+
+
+def write_offline_set(world: World, out: Path, user: int, candidates: np.ndarray, surface: int) -> Path:
+    """The (user, candidate) pairs as a training set in ``features.training_sets``' contract, features joined as
+    Feast would join them (``ranker.parquet``), for ``models.inference.predict``."""
+    out.mkdir(parents=True, exist_ok=True)
+    hist = world.recent.get(user)
+    seq = {
+        f: ([] if hist is None else hist[f].tolist())
+        for f in ("ad_id", "action", "surface", "category_id", "advertiser_id", "ts")
+    }
+    seq_schema = pa.schema(
+        [pa.field("user_id", pa.int64())] + [pa.field(f, pa.list_(pa.int64())) for f in seq]
+    )
+    pq.write_table(
+        pa.Table.from_pylist([{"user_id": user, **seq}], schema=seq_schema), out / "sequences.parquet"
+    )
+    ads = world.ads.set_index("ad_id").loc[candidates]
+    n = len(candidates)
+    ex = pd.DataFrame(
+        {
+            "example_id": np.arange(n, dtype=np.int64),
+            "user_id": np.full(n, user, np.int64),
+            "user_row": np.zeros(n, np.int64),
+            "cut": np.full(n, len(seq["ts"]), np.int64),
+            "ad_id": candidates.astype(np.int64),
+            "advertiser_id": ads["ad_advertiser_id"].to_numpy(np.int64),
+            "category_id": ads["ad_category_id"].to_numpy(np.int64),
+            "quality": ads["ad_quality"].to_numpy(np.float32),
+            "surface": np.full(n, surface, np.int64),
+            "ts": np.full(n, REQUEST_TS, np.int64),
+            "click": np.zeros(n, np.int8),
+            "conversion": np.zeros(n, np.int8),
+            "split": ["test"] * n,
+        }
+    )
+    ex.to_parquet(out / "examples.parquet", index=False)
+    ranker = ex.copy()
+    for col in world.ads.columns:
+        if col not in ("ad_id", "ad_advertiser_id", "ad_category_id"):
+            ranker[col] = ads[col].to_numpy()
+    prof = world.users.set_index("user_id")
+    for col in ("age", "gender", "country"):
+        ranker[f"user_{col}"] = prof.loc[user, col] if user in prof.index else np.nan
+    emb = world.embeddings.get(user)
+    ranker["user_embedding"] = pd.Series([emb[0].tolist() if emb else None] * n, dtype=object)
+    ranker["model_version"] = pd.Series([emb[1] if emb else None] * n, dtype=object)
+    ranker.to_parquet(out / "ranker.parquet", index=False)
+    (out / "manifest.json").write_text(json.dumps({"vocab_sizes": {}}))
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
