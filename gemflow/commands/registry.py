@@ -1,0 +1,43 @@
+"""Tracking server and registry commands: ``mlflow-server``, ``rollback``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gemflow.commands.common import WorkspaceOpt, workspace
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("mlflow-server")
+    def mlflow_server(
+        ws: WorkspaceOpt = None,
+        host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="HTTP port.")] = 5000,
+    ) -> None:
+        """Start a real MLflow tracking server (SQLite backend, local artifacts) and print the UI address."""
+        from models.registry.server import start_server
+
+        root = workspace(ws).mlflow
+        proc = start_server(root, host, port)
+        typer.echo(f"MLflow UI: http://{host}:{port}  (backend {root / 'mlflow.db'}; Ctrl-C stops it)")
+        typer.echo(f"Point stages at it with: export MLFLOW_TRACKING_URI=http://{host}:{port}")
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    @app.command("rollback")
+    def rollback_cmd(
+        model: Annotated[str, typer.Option("--model", "-m", help="Registered model name.")] = "gem-ranker",
+    ) -> None:
+        """Move @champion back to the version it replaced."""
+        from models.registry import rollback
+
+        try:
+            version = rollback(model)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from err
+        typer.echo(f"{model}@champion -> version {version}")

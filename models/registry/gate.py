@@ -1,0 +1,108 @@
+"""The champion/challenger gate: a new version is promoted only if it beats the champion on the same held-out set.
+
+Aliases, not stages (deprecated since MLflow 2.9): every new version becomes ``@challenger``; the gate moves
+``@champion`` only when NE improves by a set relative margin and calibration stays in bounds. Each decision and
+its figures are written as version tags, so the registry itself explains why a version is (not) serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+Evaluate = Callable[
+    [str], dict[str, float]
+]  # model URI -> {"ne": ..., "calibration": ..., ...} on held-out data
+
+
+@dataclass
+class GateConfig:
+    min_relative_ne_gain: float = 0.002  # challenger NE <= champion NE * (1 - gain)
+    calibration_low: float = 0.8  # mean prediction / observed rate
+    calibration_high: float = 1.25
+
+
+@dataclass
+class GateDecision:
+    name: str
+    version: str
+    promoted: bool
+    reason: str
+    champion_version: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    champion_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def champion_version(client: MlflowClient, name: str) -> str | None:
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION).version
+    except MlflowException:
+        return None
+
+
+def decide(metrics: dict[str, float], champion: dict[str, float] | None, cfg: GateConfig) -> tuple[bool, str]:
+    cal = metrics["calibration"]
+    if not cfg.calibration_low <= cal <= cfg.calibration_high:
+        return False, f"calibration {cal:.3f} outside [{cfg.calibration_low}, {cfg.calibration_high}]"
+    if champion is None:
+        return True, "no champion yet"
+    needed = champion["ne"] * (1.0 - cfg.min_relative_ne_gain)
+    if metrics["ne"] > needed:
+        return (
+            False,
+            f"NE {metrics['ne']:.5f} does not beat champion {champion['ne']:.5f} (needs <= {needed:.5f})",
+        )
+    return True, f"NE {metrics['ne']:.5f} beats champion {champion['ne']:.5f}"
+
+
+def run_gate(
+    name: str,
+    version: str,
+    evaluate: Evaluate,
+    cfg: GateConfig | None = None,
+    client: MlflowClient | None = None,
+) -> GateDecision:
+    cfg = cfg or GateConfig()
+    client = client or MlflowClient()
+    version = str(version)
+    client.set_registered_model_alias(name, CHALLENGER, version)
+    current = champion_version(client, name)
+    metrics = evaluate(f"models:/{name}/{version}")
+    champion = evaluate(f"models:/{name}/{current}") if current and current != version else None
+    promoted, reason = decide(metrics, champion, cfg)
+    decision = GateDecision(name, version, promoted, reason, current, metrics, champion or {})
+
+    tags = {"gate.decision": "promoted" if promoted else "rejected", "gate.reason": reason}
+    tags |= {f"gate.{k}": f"{v:.6g}" for k, v in metrics.items()}
+    if champion:
+        tags |= {"gate.compared_to": current} | {
+            f"gate.champion_{k}": f"{v:.6g}" for k, v in champion.items()
+        }
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    if promoted:
+        if current:
+            client.set_model_version_tag(name, version, "gate.previous_champion", current)
+        client.set_registered_model_alias(name, CHAMPION, version)
+        client.delete_registered_model_alias(name, CHALLENGER)
+    return decision
+
+
+def rollback(name: str, client: MlflowClient | None = None) -> str:
+    """Move ``@champion`` back to the version it replaced; returns that version."""
+    client = client or MlflowClient()
+    current = champion_version(client, name)
+    if current is None:
+        raise ValueError(f"{name} has no @champion to roll back")
+    previous = client.get_model_version(name, current).tags.get("gate.previous_champion")
+    if not previous:
+        raise ValueError(
+            f"{name}@champion (version {current}) replaced no earlier champion: nothing to roll back to"
+        )
+    client.set_registered_model_alias(name, CHAMPION, previous)
+    client.set_model_version_tag(name, current, "gate.rolled_back", "true")
+    return previous
