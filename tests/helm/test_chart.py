@@ -304,7 +304,8 @@ def test_inference_service_matches_the_kserve_sdk_models(rendered):
         assert 1 <= predictor.min_replicas <= predictor.max_replicas
         (container,) = predictor.containers
         assert container.name == "kserve-container"
-        assert container.command == ["gemflow", "serve"]
+        assert container.command == ["gemflow"] and container.args[0] == "serve"
+        assert f"--http-port={container.ports[0].container_port}" in container.args
         assert container.readiness_probe.http_get.path == "/v2/models/gem-ranker/ready"
         assert container.liveness_probe.http_get.path == "/v1/models/gem-ranker"
         assert container.ports[0].container_port == container.readiness_probe.http_get.port == 8080
@@ -413,6 +414,33 @@ def test_mlflow_server_arguments_parse_with_mlflow_cli(rendered):
             hosts = p["allowed_hosts"].split(",")
             assert "gemflow-mlflow:*" in hosts and f"gemflow-mlflow.{NAMESPACE}.svc.cluster.local:*" in hosts
             assert "*" not in hosts
+
+
+def test_ranker_arguments_parse_with_gemflow_serve(rendered):
+    """The ranker's args go through the real `gemflow serve` command and build a valid ServingConfig."""
+    import typer
+
+    from gemflow.cli import app
+    from gemflow.commands.common import config
+    from serving.config import ServingConfig
+
+    group = typer.main.get_command(app)
+    for values_file, doc in _all_docs(rendered):
+        if doc["kind"] != "InferenceService":
+            continue
+        (container,) = doc["spec"]["predictor"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert "secretKeyRef" in env["REDIS_PASSWORD"]["valueFrom"]
+        args = [a.replace("$(REDIS_PASSWORD)", "r3d1s") for a in container["args"]]  # kubelet expansion
+        assert args[0] == "serve"
+        with group.make_context("gemflow", list(args)) as group_ctx:
+            serve = group.get_command(group_ctx, "serve")
+            params = serve.make_context("serve", args[1:], parent=group_ctx).params
+        cfg = config(ServingConfig, params["cfg_path"], params["overrides"], http_port=params["http_port"])
+        assert cfg.model_name == "gem-ranker" and cfg.http_port == 8080, values_file
+        assert cfg.tracking_uri == "http://gemflow-mlflow:5000"
+        assert cfg.feature_store.online_store == "redis"
+        assert cfg.feature_store.redis_connection.endswith(":6379,password=r3d1s")
 
 
 def test_feature_store_yaml_is_accepted_by_feast(rendered, monkeypatch):
@@ -554,7 +582,9 @@ def test_no_inline_credentials(rendered):
     for values_file, doc in _all_docs(rendered):
         assert doc["kind"] != "Secret", f"{values_file}: the chart must only reference existing Secrets"
         text = yaml.safe_dump(doc)
-        assert not re.search(r"password=(?!\$\{)", text, re.I), f"{values_file}: {_id(doc)}: inline password"
+        assert not re.search(r"password=(?!\$\{|\$\()", text, re.I), (
+            f"{values_file}: {_id(doc)}: inline password"
+        )
     for where, spec in _pod_specs(rendered):
         for c in _containers(spec):
             for env in c.get("env", []):
