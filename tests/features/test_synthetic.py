@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from features.schema import ACTIONS, EVENTS_SCHEMA, SCHEMAS, SURFACES
+from features.schema import ACTIONS, DEFECTS, EVENTS_SCHEMA, SCHEMAS, SURFACES
 from features.sources.synthetic import SyntheticConfig, generate
 from gemflow.workspace import Workspace
 
@@ -150,25 +150,25 @@ def test_unknown_defect_class_is_rejected_before_writing(tmp_path):
 
 def test_injected_defects_are_written_with_their_ground_truth(tmp_path):
     pytest.importorskip(
-        "features.sources.defects", reason="defect injection (features/sources/defects.py) not yet on main"
+        "features.sources.defects", reason="defect injection (features/sources/defects.py) missing"
     )
     ws = Workspace(tmp_path)
     cfg = SyntheticConfig(**{**SMALL, "num_users": 100, "days": 2})
     second_day = cfg.start() + dt.timedelta(days=1)
-    summary = generate(
-        cfg, ws, inject={"null_field": 0.02, "bad_enum": 0.02}, inject_days=[second_day], progress=False
-    )
+    rates = {name: 0.02 for name in DEFECTS}  # every class, bad_type included (it changes a column's type)
+    summary = generate(cfg, ws, inject=rates, inject_days=[second_day], progress=False)
     clean = ws.raw("events", cfg.start())
     assert not (clean / "_injected.json").exists()
     assert pq.read_schema(clean / "part-00000.parquet").remove_metadata().equals(EVENTS_SCHEMA)
     truth = json.loads((ws.raw("events", second_day) / "_injected.json").read_text())
-    assert truth["rows"] == summary["injected"][second_day.isoformat()]
-    assert truth["rows"]["null_field"] > 0 and truth["rows"]["bad_enum"] > 0
+    assert truth["rows"] == summary["injected"][second_day.isoformat()] and truth["rates"] == rates
+    assert set(truth["rows"]) == set(DEFECTS) and min(truth["rows"].values()) > 0
     corrupted = pd.read_parquet(ws.raw("events", second_day) / "part-00000.parquet")
+    generated_rows = summary["events_per_day"][second_day.isoformat()]
+    assert len(corrupted) == generated_rows - truth["rows"]["volume_drop"]
     assert corrupted.isna().any(axis=1).sum() >= truth["rows"]["null_field"]
-    assert (~corrupted.action.isin(ACTIONS) | ~corrupted.surface.isin(SURFACES)).sum() >= truth["rows"][
-        "bad_enum"
-    ]
+    off_vocabulary = ~corrupted.action.isin(ACTIONS) | ~corrupted.surface.isin(SURFACES)
+    assert off_vocabulary.sum() >= truth["rows"]["bad_enum"]
 
 
 def test_cli_generate_with_config_file_flags_and_overrides(tmp_path, repo_root):
