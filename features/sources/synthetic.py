@@ -454,15 +454,7 @@ def _simulate_chunk(cfg, world: _World, state: _State, users: slice, day_index: 
 
     imp = np.flatnonzero(is_impression)
     matches_category, matches_advertiser = _recent_matches(
-        cfg,
-        state,
-        user[imp],
-        position[imp],
-        imp,
-        category[imp],
-        advertiser[imp],
-        engaged_category,
-        engaged_advertiser,
+        cfg, state, imp, user, position, category, advertiser, engaged_category, engaged_advertiser
     )
     imp_user, imp_ad, imp_adv = user[imp], ad[imp], advertiser[imp]
     affinity = np.log(cfg.num_categories * world.theta[imp_user, category[imp]].astype(np.float64))
@@ -600,16 +592,17 @@ def _base_actions(cfg, world, user, short_term, rng):
 
 
 def _recent_matches(
-    cfg, state, user, position, index, category, advertiser, engaged_category, engaged_advertiser
+    cfg, state, imp, user, position, category, advertiser, engaged_category, engaged_advertiser
 ):
-    """For each impression: did the user engage with its category / advertiser in the last W base events
+    """For each impression ``imp``: did the user engage with its category / advertiser in the last W base events
     (looking back into the carried tail of previous days), or click its advertiser on a previous day?"""
+    user, position, category, advertiser = user[imp], position[imp], category[imp], advertiser[imp]
     w = cfg.recent_window
-    matches_category = np.zeros(index.size, dtype=bool)
+    matches_category = np.zeros(imp.size, dtype=bool)
     matches_advertiser = (state.clicked_advertisers[user] == advertiser[:, None]).any(axis=1)
     for lag in range(1, w + 1):
         today = position >= lag
-        earlier = np.maximum(index - lag, 0)
+        earlier = np.maximum(imp - lag, 0)
         carried = np.clip(w - lag + position, 0, w - 1)
         past_category = np.where(today, engaged_category[earlier], state.recent_category[user, carried])
         past_advertiser = np.where(today, engaged_advertiser[earlier], state.recent_advertiser[user, carried])
