@@ -144,7 +144,7 @@ class RankerPredictor(Model):
         try:
             if v2:
                 body = v2_to_body(payload.inputs)
-            elif isinstance(payload, bytes | str):
+            elif isinstance(payload, bytes):  # KServe passes non-JSON content types through raw
                 raise RequestError("the body must be JSON with Content-Type: application/json")
             else:
                 body = payload
@@ -154,6 +154,7 @@ class RankerPredictor(Model):
             raise InvalidInput(str(err)) from None
         t0 = time.perf_counter()
         feats, problem = await self.reader.read(req.user_id)
+        self._probe = (time.monotonic(), problem is None, problem)  # every read is also a health probe
         return Job(req, feats, problem, v2, started, 1e3 * (time.perf_counter() - t0))
 
     def predict(self, job: Job, headers=None) -> dict:

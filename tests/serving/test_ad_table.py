@@ -1,0 +1,70 @@
+"""The in-process ad table: lookups by id, unknown ids, refresh failures keep the last good snapshot."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+
+from models.data import DenseSpec
+from serving.ad_table import AdSnapshot, AdTable
+from serving.inputs import AdArrays
+
+
+def _snap():
+    return AdSnapshot.from_rows(
+        np.array([2, 5, 7]),
+        {
+            "ad_quality": np.array([0.1, 0.5, np.nan]),
+            "ad_advertiser_id": np.array([1, 2, 3]),
+            "ad_category_id": np.array([0, 4, 2]),
+            "ctr_7d": np.array([0.01, 0.02, 0.03]),
+        },  # fmt: skip
+        dt.datetime(2026, 3, 3, tzinfo=dt.UTC),
+    )
+
+
+def test_lookup_marks_unknown_ids():
+    values, known = _snap().lookup(np.array([5, 3, 7, 100, 2]), ["ad_quality", "nope"])
+    assert known.tolist() == [True, False, True, False, True]
+    assert (
+        values[0, 0] == 0.5
+        and np.isnan(values[1, 0])
+        and np.isnan(values[2, 0])
+        and np.isnan(values[:, 1]).all()
+    )
+
+
+def test_arrays_apply_the_trained_normalization_once():
+    spec = DenseSpec.fit(
+        pd.DataFrame({"quality": [0.1, 0.5, 0.9], "ctr_7d": [0.01, 0.02, 0.0]}), ["quality", "ctr_7d"]
+    )
+    arrays = AdArrays.build(_snap(), spec)
+    dense, adv, cat, known = arrays.take(np.array([5, 100]))
+    expected = spec.apply(pd.DataFrame({"quality": [0.5], "ctr_7d": [0.02]}))[0]  # "quality" <- "ad_quality"
+    np.testing.assert_allclose(dense[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        dense[1], spec.apply(pd.DataFrame({"quality": [np.nan], "ctr_7d": [np.nan]}))[0]
+    )
+    assert adv.tolist() == [2, -1] and cat.tolist() == [4, -1] and known.tolist() == [True, False]
+    assert arrays.missing_columns == []
+
+
+def test_failed_refresh_keeps_the_last_snapshot():
+    calls = {"n": 0}
+
+    def loader():
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise ConnectionError("store down")
+        return _snap()
+
+    table = AdTable(loader, refresh_seconds=3600)
+    assert table.refresh() and table.loaded
+    first = table.snapshot
+    assert not table.refresh()
+    assert table.snapshot is first
+    status = table.status()
+    assert status["ads"] == 3 and status["failures"] == 1 and "store down" in status["last_error"]
+    assert status["as_of"] == "2026-03-03T00:00:00+00:00"
