@@ -114,6 +114,10 @@ def validate_partition(
             reasons.add(outcome)
         unparseable = {c.column: reasons.rows_of(_regex_reason(c)) for c in checks}
         typed = parsing.coerce(frame, schema, unparseable)
+        for check in checks:
+            reasons.assign(
+                _regex_reason(check), parsing.lost_in_cast(frame[check.column], typed[check.column])
+            )
         with _ads_reference(table, ads) as ads_reference:
             rules = suites.contract_suite(
                 table, day=day, now=now, clock_skew=config.clock_skew, ads_reference=ads_reference

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -103,15 +104,20 @@ def _cast(values: pd.Series, type_: pa.DataType) -> pd.Series:
     if pa.types.is_floating(type_):
         if pd.api.types.is_numeric_dtype(dtype):
             return values.astype(np.float64)
-        floats = pc.cast(_trimmed_text(values), pa.float64())
-        return pd.Series(floats.to_numpy(zero_copy_only=False), index=values.index)
+        floats = pd.to_numeric(values.astype("string").str.strip(), errors="coerce")
+        return pd.Series(floats.to_numpy(dtype=np.float64, na_value=np.nan), index=values.index)
     if pa.types.is_timestamp(type_):
         if pd.api.types.is_datetime64_any_dtype(dtype):
             # Naive timestamps are read as UTC (the contract's zone); aware ones are converted to it.
             return values.dt.tz_localize("UTC") if values.dt.tz is None else values.dt.tz_convert("UTC")
-        return pd.to_datetime(values.astype("string"), utc=True, format="ISO8601")
+        # The pattern cannot see calendar errors (Feb 30): those become NaT here, and ``lost_in_cast`` reports them.
+        return pd.to_datetime(values.astype("string"), utc=True, format="ISO8601", errors="coerce")
     if pa.types.is_list(type_):
         lists = _as_int_lists(values)
+        if (
+            lists is None
+        ):  # lists written as text ("[1, 2]"): small snapshot tables only, so per-value parsing
+            lists = _as_int_lists(values.map(_int_list_from_text, na_action="ignore"))
         if lists is None:
             raise ValueError("values are not lists of integers")
         return pd.Series(lists.to_pandas(), index=values.index)
@@ -133,11 +139,20 @@ def _trimmed_text(values: pd.Series) -> pa.Array:
     return pc.utf8_trim_whitespace(text)
 
 
+def _int_list_from_text(value: object) -> object:
+    return [int(x) for x in re.findall(r"[-+]?\d+", value)] if isinstance(value, str) else value
+
+
 def _as_int_lists(values: pd.Series) -> pa.Array | None:
     try:
         return pa.array(values, type=pa.list_(pa.int32()), from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
         return None
+
+
+def lost_in_cast(raw: pd.Series, typed: pd.Series) -> np.ndarray:
+    """Rows whose value matched its parse pattern yet did not survive the cast (e.g. 2024-02-30, 1e999)."""
+    return np.flatnonzero(raw.notna().to_numpy() & typed.isna().to_numpy())
 
 
 def to_contract(typed: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:

@@ -118,6 +118,30 @@ def test_text_partition_is_parsed_into_the_contract_types(tmp_path):
     pd.testing.assert_frame_equal(result.accepted, events)
 
 
+def test_timestamps_that_do_not_parse_get_a_type_reason(tmp_path):
+    events, ads = make_partition(n=50)
+    text = events.copy()
+    text["ts"] = events["ts"].map(lambda t: t.isoformat()).astype(object)
+    text.loc[[5, 6], "ts"] = ["yesterday", "2024-02-30T10:00:00Z"]  # the second only fails the calendar
+    result = _validate("events", text, tmp_path, ads=ads)
+    assert result.counts == {"expect_column_values_to_match_regex(ts)[timestamp]": 2}
+    assert list(result.quarantined["ts"]) == ["yesterday", "2024-02-30T10:00:00Z"]
+    pd.testing.assert_frame_equal(result.accepted, events.drop(index=[5, 6]).reset_index(drop=True))
+
+
+def test_list_column_written_as_text(tmp_path):
+    _, ads = make_partition(n=10)
+    text = ads.head(4).copy()
+    text["categories"] = ["[1, 2]", "[3]", "three", None]
+    result = _validate("ads", text, tmp_path)
+    assert dict(zip(result.quarantined["ad_id"], result.quarantined["reason"], strict=True)) == {
+        2: "expect_column_values_to_match_regex(categories)[list<int32>]",
+        3: "expect_column_values_to_not_be_null(categories)",
+    }
+    assert [list(c) for c in result.accepted["categories"]] == [[1, 2], [3]]
+    _assert_contract_types(result.accepted, ADS_SCHEMA)
+
+
 def test_parquet_round_trip_of_nulls_in_int_columns(tmp_path):
     """Nulls in int columns come back from parquet as float64; the remaining values still parse exactly."""
     events, ads = make_partition(n=500)
