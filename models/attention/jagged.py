@@ -42,22 +42,28 @@ class Bucket:
 
     seq: torch.Tensor  # (n,) int64 sequence ids in the batch
     valid: torch.Tensor  # (n, max_len) bool: slot holds a real row
-    slots: torch.Tensor  # (real,) flat indices of the real slots in the (n * max_len) block
-    rows: torch.Tensor  # (real,) the jagged rows that fill those slots, in slot order
     padded: bool  # whether any slot is padding
 
     @property
     def max_len(self) -> int:
         return self.valid.shape[1]
 
+    @property
+    def size(self) -> int:
+        return self.valid.numel()
+
 
 @dataclass(frozen=True)
 class Layout:
-    """All buckets of one jagged tensor. ``rows`` concatenates the buckets' rows: each real row at most once."""
+    """The buckets of one jagged tensor, stacked in one padded buffer of ``sum(n * max_len)`` slots.
+
+    Real row ``rows[i]`` of the jagged tensor sits in slot ``slots[i]`` of the buffer; no row or slot repeats.
+    """
 
     buckets: list[Bucket]
     rows: torch.Tensor
-    sizes: list[int]  # real rows per bucket
+    slots: torch.Tensor
+    num_slots: int
 
 
 def length_class(lens: torch.Tensor, budget: float = PAD_BUDGET, short_len: int = SHORT_LEN) -> torch.Tensor:
@@ -78,21 +84,21 @@ def group_sequences(classes: torch.Tensor, keep: torch.Tensor) -> list[torch.Ten
     return list(torch.split(kept[order], counts.tolist()))
 
 
-def block(seq: torch.Tensor, offsets: torch.Tensor) -> Bucket:
-    """The dense (n, max_len) block of the given non-empty sequences of ``offsets``."""
-    seq_lens = offsets[seq + 1] - offsets[seq]
-    max_len = int(seq_lens.max())
-    slot = torch.arange(max_len, device=offsets.device)
-    valid = slot[None, :] < seq_lens[:, None]
-    slots = valid.flatten().nonzero().squeeze(1)
-    rows = (offsets[seq][:, None] + slot[None, :]).flatten()[slots]
-    return Bucket(seq, valid, slots, rows, bool(seq_lens.min() < max_len))
-
-
 def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
-    buckets = [block(seq, offsets) for seq in groups]
-    rows = torch.cat([b.rows for b in buckets]) if buckets else offsets.new_zeros(0)
-    return Layout(buckets, rows, [b.rows.numel() for b in buckets])
+    """Stack the dense blocks of the given groups of non-empty sequences of ``offsets``."""
+    buckets, rows, slots, start = [], [], [], 0
+    for seq in groups:
+        seq_lens = offsets[seq + 1] - offsets[seq]
+        max_len = int(seq_lens.max())
+        pos = torch.arange(max_len, device=offsets.device)
+        valid = pos[None, :] < seq_lens[:, None]
+        real = valid.flatten().nonzero().squeeze(1)
+        rows.append((offsets[seq][:, None] + pos[None, :]).flatten()[real])
+        slots.append(real + start)
+        buckets.append(Bucket(seq, valid, bool(seq_lens.min() < max_len)))
+        start += valid.numel()
+    empty = offsets.new_zeros(0)
+    return Layout(buckets, torch.cat(rows) if rows else empty, torch.cat(slots) if slots else empty, start)
 
 
 def plan_self(offsets: torch.Tensor) -> Layout:
@@ -113,47 +119,41 @@ def plan_cross(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[Layou
 
 
 # ------------------------------------------------------------------------------------------ moving rows
-class _TakeRows(torch.autograd.Function):
-    """``values[rows]`` for rows without repeats: the backward is a copy, not index_select's slow scatter-add."""
+class _MoveRows(torch.autograd.Function):
+    """``out = zeros(size); out[dst] = src[src_idx]`` for indices without repeats.
+
+    Its backward is the same move in reverse (a gather and a copy), where autograd's index_select would
+    scatter-add, several times slower on CPU.
+    """
 
     @staticmethod
-    def forward(ctx, values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(rows)
-        ctx.num_rows = values.shape[0]
-        return values.index_select(0, rows)
+    def forward(
+        ctx, src: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor, size: int
+    ) -> torch.Tensor:
+        ctx.save_for_backward(src_idx, dst_idx)
+        ctx.src_size = src.shape[0]
+        return src.new_zeros((size, *src.shape[1:])).index_copy_(0, dst_idx, src.index_select(0, src_idx))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (rows,) = ctx.saved_tensors
-        return grad.new_zeros((ctx.num_rows, *grad.shape[1:])).index_copy_(0, rows, grad), None
-
-
-def take_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    return _TakeRows.apply(values, rows)
+        src_idx, dst_idx = ctx.saved_tensors
+        grad_src = grad.new_zeros((ctx.src_size, *grad.shape[1:]))
+        return grad_src.index_copy_(0, src_idx, grad.index_select(0, dst_idx)), None, None, None
 
 
 def to_blocks(values: torch.Tensor, plan: Layout) -> list[torch.Tensor]:
     """(total, *rest) jagged -> per bucket (n, max_len, *rest), zeros in padded slots."""
-    parts = take_rows(values, plan.rows).split(plan.sizes)
-    blocks = []
-    for bucket, part in zip(plan.buckets, parts, strict=True):
-        n, length = bucket.valid.shape
-        if bucket.padded:
-            part = part.new_zeros((n * length, *part.shape[1:])).index_copy(0, bucket.slots, part)
-        blocks.append(part.view(n, length, *part.shape[1:]))
-    return blocks
+    buffer = _MoveRows.apply(values, plan.rows, plan.slots, plan.num_slots)
+    parts = buffer.split([b.size for b in plan.buckets])
+    return [part.view(*b.valid.shape, *values.shape[1:]) for b, part in zip(plan.buckets, parts, strict=True)]
 
 
 def from_blocks(blocks: list[torch.Tensor], plan: Layout, like: torch.Tensor) -> torch.Tensor:
     """Per bucket (n, max_len, H, D) -> the jagged output shaped like ``like``; rows no bucket covers stay zero."""
-    out = like.new_zeros(like.shape)
     if not blocks:
-        return out
-    parts = []
-    for bucket, blk in zip(plan.buckets, blocks, strict=True):
-        flat = blk.reshape(-1, *blk.shape[2:])
-        parts.append(take_rows(flat, bucket.slots) if bucket.padded else flat)
-    return out.index_copy(0, plan.rows, torch.cat(parts).to(like.dtype))
+        return like.new_zeros(like.shape)
+    buffer = torch.cat([blk.reshape(-1, *like.shape[1:]) for blk in blocks]).to(like.dtype)
+    return _MoveRows.apply(buffer, plan.slots, plan.rows, like.shape[0])
 
 
 def _sdpa(qb, kb, vb, mask, is_causal: bool = False) -> torch.Tensor:
@@ -174,14 +174,15 @@ class _LookupBias(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(idx)
+        # Kept as int16 (a quarter of int64) while the table allows: one index per (L x L) cell adds up.
+        ctx.save_for_backward(idx.to(torch.int16) if table.shape[1] <= torch.iinfo(torch.int16).max else idx)
         ctx.table_shape, ctx.table_dtype = table.shape, table.dtype
         return table[:, idx]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (idx,) = ctx.saved_tensors
-        flat = idx.flatten()
+        flat = idx.flatten().long()
         out = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad.device)  # accumulate in fp32
         for head in range(out.shape[0]):
             out[head].scatter_add_(0, flat, grad[head].reshape(-1).float())
