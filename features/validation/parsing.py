@@ -5,7 +5,8 @@
    ``expect_column_values_to_match_regex`` so GX decides which rows do not parse.
 2. ``coerce`` nulls the rows GX flagged and casts every column with one vectorized call (arrow casts for text,
    so int64 ids never round-trip through float64). The result is the frame the contract suite runs on: ints as
-   int64 (``Int64`` where nulls remain), floats as float64, strings, UTC timestamps and arrow-shaped lists.
+   int64 (float64 where nulls remain and that is exact, else ``Int64``), floats as float64, strings, UTC
+   timestamps and arrow-shaped lists.
 
 ``to_contract`` narrows accepted rows to the exact arrow types of the schema (int16 age, float32 quality, ...).
 """
@@ -93,10 +94,9 @@ def _cast(values: pd.Series, type_: pa.DataType) -> pd.Series:
     dtype = values.dtype
     if pa.types.is_integer(type_):
         if pd.api.types.is_bool_dtype(dtype):
-            return values.astype("Int64" if values.isna().any() else np.int64)
+            return _int_or_nullable(values.astype("Int64"))
         if pd.api.types.is_integer_dtype(dtype):
-            nullable = pd.api.types.is_extension_array_dtype(dtype) and values.isna().any()
-            return values.astype("Int64" if nullable else np.int64)
+            return _int_or_nullable(values)
         if pd.api.types.is_float_dtype(dtype):
             return _int_or_nullable(values.astype("Int64"))
         ints = pc.cast(_trimmed_text(values), pa.int64())
@@ -130,8 +130,17 @@ def _cast(values: pd.Series, type_: pa.DataType) -> pd.Series:
 _NULLABLE_INT = {pa.int64(): pd.Int64Dtype()}
 
 
+FLOAT_EXACT_INT = 2**53  # float64 holds every integer up to here exactly
+
+
 def _int_or_nullable(values: pd.Series) -> pd.Series:
-    return values if values.isna().any() else values.astype(np.int64)
+    """int64 without nulls; with nulls float64 when that is exact (GX vectorizes its range checks only on numpy
+    int64/float64 and loops in Python over ``Int64``), else ``Int64``."""
+    if not values.isna().any():
+        return values.astype(np.int64)
+    if values.abs().max() <= FLOAT_EXACT_INT:
+        return values.astype(np.float64)
+    return values.astype("Int64")
 
 
 def _trimmed_text(values: pd.Series) -> pa.Array:

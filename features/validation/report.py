@@ -131,7 +131,7 @@ def describe(outcome: Outcome) -> dict[str, Any]:
     }
     if outcome.row_level:
         entry["unexpected_count"] = outcome.unexpected_count
-    else:
+    elif outcome.observed_value is not None:
         entry["observed_value"] = outcome.observed_value
     return entry
 
