@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from features.schema import SCHEMAS
 from features.validation import parsing, suites
@@ -92,6 +94,10 @@ def validate_partition(
         raise ValueError(f"unknown table {table!r}; known: {sorted(SCHEMAS)}")
     if not isinstance(raw, pd.DataFrame):
         raise TypeError(f"raw must be a pandas DataFrame, got {type(raw).__name__}")
+    if raw.columns.duplicated().any():
+        raise ValueError(
+            f"{table}: duplicate column name(s) {sorted(set(raw.columns[raw.columns.duplicated()]))}"
+        )
     now = _utc(now)
     schema = SCHEMAS[table]
     frame = raw.reset_index(drop=True)  # GX reports index labels: make them row positions
@@ -112,12 +118,7 @@ def validate_partition(
     else:
         for outcome in outcomes:
             reasons.add(outcome)
-        unparseable = {c.column: reasons.rows_of(_regex_reason(c)) for c in checks}
-        typed = parsing.coerce(frame, schema, unparseable)
-        for check in checks:
-            reasons.assign(
-                _regex_reason(check), parsing.lost_in_cast(frame[check.column], typed[check.column])
-            )
+        typed = _typed_frame(frame, schema, checks, reasons)
         with _ads_reference(table, ads) as ads_reference:
             rules = suites.contract_suite(
                 table, day=day, now=now, clock_skew=config.clock_skew, ads_reference=ads_reference
@@ -146,30 +147,7 @@ def validate_partition(
         data_docs=runner.data_docs_index,
     )
     result.summary_path = write_summary(
-        out_dir,
-        {
-            "table": table,
-            "day": day,
-            "now": now,
-            "passed": not errors,
-            "errors": errors,
-            "rows": len(frame),
-            "accepted": len(accepted),
-            "quarantined": len(quarantined),
-            "failure_rate": failure_rate,
-            "counts": counts,
-            "config": {
-                "max_failure_rate": config.max_failure_rate,
-                "min_volume_ratio": config.min_volume_ratio,
-                "clock_skew_s": config.clock_skew.total_seconds(),
-            },
-            "previous_count": previous_count,
-            "extra_columns": [c for c in frame.columns if c not in schema.names],
-            "referential_integrity": table != "events" or ads is not None,
-            "expectations": [describe(o) for o in outcomes],
-            "data_docs": runner.data_docs_index,
-            "seconds": round(time.perf_counter() - started, 3),
-        },
+        out_dir, _summary(result, frame, day, now, config, previous_count, ads, outcomes, started)
     )
     log.info(
         "%s %s: %d rows, %d accepted, %d quarantined (%.2f%%) in %.1fs",
@@ -181,6 +159,53 @@ def validate_partition(
             result,
         )
     return result
+
+
+def _typed_frame(
+    frame: pd.DataFrame, schema: pa.Schema, checks: list[parsing.ParseCheck], reasons: _RowReasons
+) -> pd.DataFrame:
+    """The frame in wide contract types; rows whose text did not parse are null there and carry a type reason."""
+    unparseable = {c.column: reasons.rows_of(_regex_reason(c)) for c in checks}
+    typed = parsing.coerce(frame, schema, unparseable)
+    for check in checks:
+        reasons.assign(_regex_reason(check), parsing.lost_in_cast(frame[check.column], typed[check.column]))
+    return typed
+
+
+def _summary(
+    result: GateResult,
+    frame: pd.DataFrame,
+    day: dt.date,
+    now: dt.datetime,
+    config: GateConfig,
+    previous_count: int | None,
+    ads: pd.DataFrame | None,
+    outcomes: list[Outcome],
+    started: float,
+) -> dict[str, Any]:
+    return {
+        "table": result.table,
+        "day": day,
+        "now": now,
+        "passed": not result.errors,
+        "errors": result.errors,
+        "rows": len(frame),
+        "accepted": len(result.accepted),
+        "quarantined": len(result.quarantined),
+        "failure_rate": result.failure_rate,
+        "counts": result.counts,
+        "config": {
+            "max_failure_rate": config.max_failure_rate,
+            "min_volume_ratio": config.min_volume_ratio,
+            "clock_skew_s": config.clock_skew.total_seconds(),
+        },
+        "previous_count": previous_count,
+        "extra_columns": [c for c in frame.columns if c not in SCHEMAS[result.table].names],
+        "referential_integrity": result.table != "events" or ads is not None,
+        "expectations": [describe(o) for o in outcomes],
+        "data_docs": result.data_docs,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 class _RowReasons:

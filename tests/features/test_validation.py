@@ -288,6 +288,13 @@ def test_events_without_ads_skip_only_referential_integrity(tmp_path):
             ValueError,
             "timezone-aware",
         ),
+        (
+            lambda p, e: validate_partition(
+                "events", pd.concat([e, e["user_id"]], axis=1), day=DAY, report_dir=p
+            ),
+            ValueError,
+            "duplicate column name",
+        ),
         (lambda p, e: GateConfig(max_failure_rate=2.0), ValueError, "max_failure_rate"),
         (lambda p, e: GateConfig(clock_skew="soon"), ValueError, "clock_skew"),
     ],
