@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from models.distributed.config import DistributedConfig
+
 
 @dataclass
 class UserModelConfig:
@@ -27,6 +29,9 @@ class UserModelConfig:
     num_negatives: int = 64  # shared uniform negatives for the sampled softmax
     pooling: str = "transformer"  # ablation: "mean" = mean-pooled history tokens, no attention
     attention_backend: str = "auto"
+    # Feed-forward kind per block ("dense" | "moe"); empty = all dense. MoE blocks run under
+    # ``gemflow train --nproc`` (settings in ``distributed.moe``).
+    ffn: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -85,6 +90,7 @@ class TrainRunConfig:
     ranker: RankerConfig = field(default_factory=RankerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # gemflow train --nproc N
 
 
 def validate(cfg: TrainRunConfig) -> None:

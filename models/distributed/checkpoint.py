@@ -1,0 +1,116 @@
+"""Atomic, multi-rank checkpoints: a kill at any moment never leaves one that loads wrong.
+
+    <run>/checkpoints/.step-00000040.tmp/   being written (every rank writes its part here)
+    <run>/checkpoints/step-00000040/        committed: the rename of the complete temp folder
+    <run>/checkpoints/latest                the committed name to resume from, replaced atomically, last
+
+Order of a save: rank 0 clears a stale temp folder -> barrier -> every rank writes its part -> barrier ->
+rank 0 fsyncs and renames the folder (the commit point), then points ``latest`` at it (write a temp file,
+rename) and prunes old checkpoints -> barrier. A crash before the rename leaves only a temp folder, which is
+never read and is removed at the next start; a crash between the rename and ``latest`` leaves the previous
+``latest``, still complete. ``latest`` is the only thing a resume reads to choose.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+LATEST = "latest"
+PREFIX = "step-"
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint folder is inconsistent (``latest`` names a checkpoint that is not there)."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            _fsync(Path(folder) / name)
+        _fsync(Path(folder))
+
+
+class CheckpointStore:
+    def __init__(self, root: Path, *, rank: int, keep: int = 2):
+        self.root, self.rank, self.keep = Path(root), rank, keep
+
+    # ------------------------------------------------------------------------------------------- reading
+    def latest(self) -> Path | None:
+        """The committed checkpoint to resume from, or None when there is none yet."""
+        pointer = self.root / LATEST
+        if not pointer.exists():
+            return None
+        name = pointer.read_text().strip()
+        path = self.root / name
+        if not name.startswith(PREFIX) or not path.is_dir():
+            raise CheckpointError(
+                f"{pointer} names {name!r}, which is not a committed checkpoint in {self.root}"
+            )
+        return path
+
+    def committed(self) -> list[Path]:
+        return sorted(p for p in self.root.glob(f"{PREFIX}*") if p.is_dir())
+
+    # ------------------------------------------------------------------------------------------- writing
+    def remove_stale(self) -> list[Path]:
+        """Rank 0: delete temp folders of saves that never committed (a crash mid-write)."""
+        stale = sorted(self.root.glob(f".{PREFIX}*.tmp")) if self.rank == 0 else []
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        _barrier()
+        return stale
+
+    def reset(self) -> None:
+        """Rank 0: forget every checkpoint (a run started with resume=false)."""
+        if self.rank == 0 and self.root.exists():
+            shutil.rmtree(self.root)
+        _barrier()
+
+    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+        """Every rank calls this; ``write(folder)`` writes the rank's part into the (temporary) folder."""
+        name = checkpoint_name(step)
+        tmp, final = self.root / f".{name}.tmp", self.root / name
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        write(tmp)
+        _barrier()
+        if self.rank == 0:
+            _fsync_tree(tmp)
+            if final.exists():  # the same step saved again after a resume: replace it whole
+                shutil.rmtree(final)
+            os.replace(tmp, final)  # the commit point
+            _fsync(self.root)
+            pointer = self.root / f".{LATEST}.tmp"
+            pointer.write_text(name)
+            _fsync(pointer)
+            os.replace(pointer, self.root / LATEST)
+            _fsync(self.root)
+            for old in self.committed()[: -self.keep]:
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+        return final

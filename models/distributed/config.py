@@ -1,0 +1,101 @@
+"""The distributed-training section of a run config (``TrainRunConfig.distributed``), YAML + ``--set``.
+
+Plain dataclasses with no heavy imports: ``models.config`` embeds them, and the launcher reads them before any
+process group exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FP8_RECIPES = ("none", "tensorwise", "rowwise")
+FP8_GROUPS = ("attention", "ffn")
+SHARDINGS = ("table_wise", "row_wise")
+LAUNCHERS = ("torchrun", "deepspeed")
+
+
+@dataclass
+class MoEConfig:
+    """Mixture-of-experts FFN blocks; which blocks use them is ``user_model.ffn`` (one entry per layer)."""
+
+    num_experts: int = 4
+    ep_size: int = 1  # ranks the experts are split across (divides nproc and num_experts)
+    top_k: int = 1  # experts per token (1 or 2)
+    capacity_factor: float = 1.25  # slots per expert = factor * tokens / experts while training
+    eval_capacity_factor: float = 2.0
+    min_capacity: int = 4
+    aux_loss_weight: float = 0.01  # load-balancing loss added to the training loss
+
+
+@dataclass
+class Float8Config:
+    """torchao float8 training of the dense tower's big Linears (embeddings, norms, gates, heads stay bf16)."""
+
+    recipe: str = "none"  # "none" | "tensorwise" | "rowwise"
+    groups: list[str] = field(default_factory=lambda: list(FP8_GROUPS))  # "attention", "ffn"
+    min_features: int = 64  # smaller Linears gain nothing from float8 (and scaling costs more than it saves)
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 50  # 0 = only at the end
+    keep: int = 2  # committed checkpoints kept on disk (the newest ones)
+
+
+@dataclass
+class DistributedConfig:
+    nproc: int = 1  # processes (ranks) on this machine
+    launcher: str = "torchrun"  # "torchrun" | "deepspeed" (the DeepSpeed CLI)
+    backend: str = "auto"  # "auto" = nccl on CUDA, gloo on CPU
+    zero_stage: int = 2  # DeepSpeed ZeRO stage of the dense tower: 0, 1 or 2
+    precision: str = "bf16"  # "bf16" | "fp32" for the dense tower (embeddings stay fp32)
+    sharding: str = "table_wise"  # embedding sharding across ranks: "table_wise" | "row_wise"
+    tokens_per_step: int = 4096  # global token budget of one optimizer step (sum of history lengths + 1 each)
+    max_steps: int = 0  # 0 = optim.epochs passes over the train split
+    eval_every: int = 0  # steps between validation passes; 0 = at the end of every epoch
+    peak_tflops: float = 0.0  # machine matmul peak for MFU; 0 = the launcher measures it (bf16 or fp32)
+    master_port: int = 0  # 0 = a free port
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    fp8: Float8Config = field(default_factory=Float8Config)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int) -> None:
+    """Reject settings that cannot run, naming the key."""
+    if cfg.nproc < 1:
+        raise ValueError(f"distributed.nproc must be >= 1, got {cfg.nproc}")
+    if cfg.launcher not in LAUNCHERS:
+        raise ValueError(f"distributed.launcher must be one of {LAUNCHERS}, got {cfg.launcher!r}")
+    if cfg.backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"distributed.backend must be 'auto', 'gloo' or 'nccl', got {cfg.backend!r}")
+    if cfg.zero_stage not in (0, 1, 2):
+        raise ValueError(f"distributed.zero_stage must be 0, 1 or 2, got {cfg.zero_stage}")
+    if cfg.precision not in ("bf16", "fp32"):
+        raise ValueError(f"distributed.precision must be 'bf16' or 'fp32', got {cfg.precision!r}")
+    if cfg.sharding not in SHARDINGS:
+        raise ValueError(f"distributed.sharding must be one of {SHARDINGS}, got {cfg.sharding!r}")
+    if cfg.tokens_per_step < cfg.nproc:
+        raise ValueError(f"distributed.tokens_per_step={cfg.tokens_per_step} is below nproc={cfg.nproc}")
+    if cfg.fp8.recipe not in FP8_RECIPES:
+        raise ValueError(f"distributed.fp8.recipe must be one of {FP8_RECIPES}, got {cfg.fp8.recipe!r}")
+    unknown = sorted(set(cfg.fp8.groups) - set(FP8_GROUPS))
+    if unknown:
+        raise ValueError(f"distributed.fp8.groups: unknown group(s) {unknown}; known: {list(FP8_GROUPS)}")
+    if ffn and len(ffn) != num_layers:
+        raise ValueError(f"user_model.ffn has {len(ffn)} entries for {num_layers} layers (one per layer)")
+    bad = sorted({f for f in ffn if f not in ("dense", "moe")})
+    if bad:
+        raise ValueError(f"user_model.ffn entries must be 'dense' or 'moe', got {bad}")
+    moe = cfg.moe
+    if "moe" in ffn:
+        if moe.top_k not in (1, 2):
+            raise ValueError(f"distributed.moe.top_k must be 1 or 2, got {moe.top_k}")
+        if moe.num_experts < moe.top_k or moe.num_experts % moe.ep_size:
+            raise ValueError(
+                f"distributed.moe.num_experts={moe.num_experts} must be >= top_k and divisible by "
+                f"ep_size={moe.ep_size}"
+            )
+        if moe.ep_size < 1 or cfg.nproc % moe.ep_size:
+            raise ValueError(f"distributed.moe.ep_size={moe.ep_size} must divide nproc={cfg.nproc}")
+    if cfg.checkpoint.every_steps < 0 or cfg.checkpoint.keep < 1:
+        raise ValueError("distributed.checkpoint.every_steps must be >= 0 and checkpoint.keep >= 1")

@@ -1,0 +1,32 @@
+"""The DeepSpeed config of one run, generated from ``TrainRunConfig`` (never written by hand).
+
+One engine call per optimizer step: a "micro batch" is one token-budget batch (see ``batching``), so the
+micro-batch size is 1 and DeepSpeed's batch-size arithmetic stays trivially consistent.
+``torch_adam`` keeps DeepSpeed from JIT-building its fused CPU Adam (a minute on first use, nothing gained at
+these sizes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.config import TrainRunConfig
+
+
+def deepspeed_config(cfg: TrainRunConfig, world_size: int) -> dict[str, Any]:
+    dc, oc = cfg.distributed, cfg.optim
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "gradient_clipping": oc.grad_clip if oc.grad_clip > 0 else 0.0,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": oc.lr, "weight_decay": oc.weight_decay, "torch_adam": True},
+        },
+        "zero_optimization": {"stage": dc.zero_stage},
+        "bf16": {"enabled": dc.precision == "bf16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,  # we log ourselves (rank 0, MLflow)
+        "wall_clock_breakdown": False,
+    }

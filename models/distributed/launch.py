@@ -1,0 +1,96 @@
+"""Start a distributed user-model run: ``gemflow train --model user --nproc N`` ends up here.
+
+The launcher validates the config, writes it into the run folder (every rank reads that file, so all ranks
+run the same config and the run records what it used), measures the machine's matmul peak for MFU when the
+config does not give one, and starts N ranks of ``models.distributed.trainer`` with torchrun (default) or the
+DeepSpeed CLI. On a CPU machine DeepSpeed runs with ``DS_ACCELERATOR=cpu`` over gloo; on GPUs the same entry
+point uses NCCL. ``TORCH_EXTENSIONS_DIR`` points at a kept cache so DeepSpeed's JIT-built CPU ops (shared-memory
+collectives) are compiled once, not at every launch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from gemflow.config import save_config
+from gemflow.workspace import Workspace
+from models.config import TrainRunConfig, validate
+from models.distributed.config import validate_distributed
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[2]
+
+
+class DistributedRunError(RuntimeError):
+    """The distributed job exited with an error (a rank failed or was killed)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(nproc: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    # the cores are shared by the ranks: N ranks x (cores / N) threads, never N x cores
+    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def command(cfg: TrainRunConfig, config_path: Path, ws: Workspace, run_dir: Path) -> list[str]:
+    dc = cfg.distributed
+    port = dc.master_port or free_port()
+    rank_args = ["--config", str(config_path), "--workspace", str(ws.root), "--run-dir", str(run_dir)]
+    if dc.launcher == "deepspeed":
+        ds = Path(sys.executable).with_name("deepspeed")
+        return [str(ds), f"--num_gpus={dc.nproc}", "--no_local_rank", f"--master_port={port}",
+                "--module", "models.distributed.trainer", *rank_args]  # fmt: skip
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={dc.nproc}",
+            f"--master_port={port}", "--max_restarts=0", "-m", "models.distributed.trainer", *rank_args]  # fmt: skip
+
+
+def peak_tflops(precision: str) -> float:
+    """This machine's dense GEMM peak in the run's precision, on all cores (quick: ~1 s)."""
+    from models.distributed.mfu import measure_matmul_peak
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return measure_matmul_peak(dtype, size=1024, seconds=1.0) / 1e12
+
+
+def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = None) -> Path:
+    """Run the job to completion; returns the run folder (metrics.json, model.pt, checkpoints/)."""
+    from models.train import run_dir_for
+
+    validate(cfg)
+    if cfg.model != "user":
+        raise ValueError(f"--nproc runs the user model on DeepSpeed; got model={cfg.model!r}")
+    validate_distributed(cfg.distributed, cfg.user_model.ffn, cfg.user_model.num_layers)
+    run_dir = run_dir_for(cfg, ws).resolve()
+    if not cfg.distributed.peak_tflops and not torch.cuda.is_available():
+        cfg = replace(
+            cfg, distributed=replace(cfg.distributed, peak_tflops=peak_tflops(cfg.distributed.precision))
+        )
+    config_path = save_config(cfg, run_dir)
+    cmd = command(cfg, config_path, ws, run_dir)
+    log.info("launching %d rank(s): %s", cfg.distributed.nproc, " ".join(cmd))
+    proc = subprocess.run(cmd, env=launch_env(cfg.distributed.nproc, env), cwd=REPO, check=False)
+    if proc.returncode:
+        raise DistributedRunError(
+            f"distributed training exited with {proc.returncode} (a rank failed or was killed); rerun the same "
+            f"command to resume from the latest checkpoint in {run_dir / 'checkpoints'}"
+        )
+    return run_dir

@@ -1,0 +1,486 @@
+"""One rank of a distributed user-model run (started N times by ``models.distributed.launch``).
+
+    python -m models.distributed.trainer --config <run>/config.yaml --workspace <ws>
+
+Per step: this rank's token-budget share of the global batch -> ids -> sharded embeddings (torchrec DMP,
+fused row-wise Adagrad inside backward) -> DeepSpeed engine over the dense tower (ZeRO, bf16, MoE experts
+across ranks, FP8 Linears) -> loss (+ MoE load-balancing loss) -> ``engine.backward`` -> ``engine.step``.
+Every collective (sharded lookups, MoE all-to-all, the gradient reduction) needs all ranks, so every rank
+runs the same number of steps and evaluation batches.
+
+Exact resume: the data plan is a function of (seed, epoch); the global RNG is re-seeded at every step from
+(seed, step, rank) (the MoE gate's random token selection and the sampled negatives draw from it); a checkpoint
+holds the sharded embeddings + their optimizer state, the engine, the step, the metric history and RNG states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from gemflow.config import load_config
+from gemflow.workspace import Workspace
+from models.config import TrainRunConfig
+from models.distributed.batching import Step, example_costs, plan_epoch
+from models.distributed.checkpoint import CheckpointStore
+from models.distributed.config import validate_distributed
+from models.distributed.ds_config import deepspeed_config
+from models.distributed.fp8 import convert_to_float8
+from models.distributed.mfu import mfu, user_model_flops
+from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
+from models.distributed.moe import moe_aux_loss, moe_layers, swap_in_moe
+from models.metrics import binary_metrics
+
+log = logging.getLogger("gemflow.distributed")
+# Fault injection for the crash-during-checkpoint test: this rank exits hard halfway through writing step N.
+CRASH_IN_CHECKPOINT = "GEMFLOW_TEST_CRASH_IN_CHECKPOINT"  # "<rank>:<step>"
+
+
+@dataclass
+class RunState:
+    """What a checkpoint restores besides the weights (saved as JSON)."""
+
+    step: int = 0
+    history: list[dict] = field(default_factory=list)  # one entry per evaluation
+    run_id: str | None = None
+    left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
+
+
+@dataclass
+class Parts:
+    cfg: TrainRunConfig
+    rank: int
+    world: int
+    device: torch.device
+    dtype: torch.dtype
+    dmp: torch.nn.Module
+    engine: object
+    tower: DenseTower
+    setup: object  # models.train.Setup
+    fp8_modules: list[str]
+
+
+# ----------------------------------------------------------------------------------------------- build
+def _backend(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def shard_sparse(sparse: ShardableSparse, sharding: str, world: int, device: torch.device, lr: float):
+    """Fused row-wise Adagrad in backward, then a DMP plan with every table ``sharding`` (table/row-wise)."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    full = {k: v.detach().clone() for k, v in sparse.state_dict().items()}
+    apply_optimizer_in_backward(RowWiseAdagrad, list(sparse.ec.parameters()), {"lr": lr})
+    constraints = {f"t_{table}": ParameterConstraints(sharding_types=[sharding]) for table in sparse.sizes}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world, compute_device=device.type), constraints=constraints, debug=False
+    )
+    sharder = EmbeddingCollectionSharder()
+    plan = planner.collective_plan(sparse, [sharder], dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module=sparse, device=device, plan=plan, sharders=[sharder])
+    load_full_tables(dmp, full)
+    return dmp
+
+
+def load_full_tables(dmp, full: dict[str, torch.Tensor]) -> None:
+    """Copy full (unsharded) tables into this rank's shards: every world size starts from the same weights."""
+    for key, value in dmp.state_dict().items():
+        source = full[_table_key(key)]
+        if hasattr(value, "local_shards"):
+            for shard in value.local_shards():
+                idx = tuple(
+                    slice(o, o + s)
+                    for o, s in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes, strict=True)
+                )
+                shard.tensor.detach().copy_(source[idx])
+        else:
+            value.detach().copy_(source)
+
+
+def gather_full_tables(dmp, rank: int) -> dict[str, torch.Tensor]:
+    """Full tables on rank 0 (empty dict elsewhere), from every rank's shards; collective."""
+    mine = []
+    for key, value in dmp.state_dict().items():
+        if hasattr(value, "local_shards"):
+            for shard in value.local_shards():
+                md = shard.metadata
+                mine.append((key, tuple(value.size()), md.shard_offsets, shard.tensor.detach().cpu().float()))
+        elif rank == 0:
+            mine.append((key, tuple(value.shape), [0] * value.dim(), value.detach().cpu().float()))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for part in everyone:
+        for key, size, offsets, tensor in part:
+            full = out.setdefault(_table_key(key), torch.zeros(size))
+            idx = tuple(slice(o, o + s) for o, s in zip(offsets, tensor.shape, strict=True))
+            full[idx] = tensor
+    return out
+
+
+def _table_key(key: str) -> str:
+    """DMP state-dict key -> the unsharded module's key (DMP may prefix ``module.``)."""
+    return key.removeprefix("module.")
+
+
+def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    from models.train import prepare
+
+    dc = cfg.distributed
+    validate_distributed(dc, cfg.user_model.ffn, cfg.user_model.num_layers)
+    if cfg.model != "user":
+        raise ValueError(f"distributed training runs the user model; got model={cfg.model!r}")
+    deepspeed.init_distributed(dist_backend=_backend(dc.backend))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if "moe" in cfg.user_model.ffn and world % dc.moe.ep_size:
+        raise ValueError(f"distributed.moe.ep_size={dc.moe.ep_size} must divide the world size {world}")
+    device = (
+        torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if dc.precision == "bf16" else torch.float32
+
+    setup = prepare(cfg, ws)  # seeds every RNG from optim.seed: the same initial model on every rank
+    model = setup.bundle.model
+    sparse = ShardableSparse(model.sparse, cfg.user_model.d_model)
+    if cfg.user_model.ffn:
+        swap_in_moe(model.blocks, cfg.user_model.ffn, dc.moe, rank=rank, seed=cfg.optim.seed)
+    tower = DenseTower(model)
+    fp8_modules = convert_to_float8(tower, dc.fp8)
+    dmp = shard_sparse(sparse, dc.sharding, world, device, cfg.optim.sparse_lr)
+    tower.to(device)
+
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": [p for p in tower.parameters() if p.requires_grad], "name": "dense"}
+    )
+    engine, *_ = deepspeed.initialize(
+        model=tower, model_parameters=groups, config=deepspeed_config(cfg, world)
+    )
+    return Parts(cfg, rank, world, device, dtype, dmp, engine, tower, setup, fp8_modules)
+
+
+# ----------------------------------------------------------------------------------------------- steps
+def step_seed(seed: int, step: int, world: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * world + rank) % (2**63 - 1)
+
+
+def forward_loss(p: Parts, rows: np.ndarray):
+    """(loss, parts of the loss) of this rank's share of one step."""
+    from models.train import loss_fn
+
+    batch = p.setup.builder(rows).to(p.device)
+    ids, negatives = sparse_ids(p.tower.model, batch)
+    emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
+    logits, aux = p.engine(emb, cast_batch(batch, p.dtype), negatives)
+    loss = loss_fn(logits.float(), batch.labels, aux.float(), p.cfg)
+    moe_aux = moe_aux_loss(p.tower)
+    if moe_aux is not None:
+        loss = loss + p.cfg.distributed.moe.aux_loss_weight * moe_aux
+    return loss, {
+        "next_event_loss": float(aux),
+        "moe_aux_loss": float(moe_aux) if moe_aux is not None else 0.0,
+    }
+
+
+@torch.no_grad()
+def evaluate(p: Parts, rows: np.ndarray, prefix: str) -> dict[str, float]:
+    """Metrics over ``rows``, computed by all ranks together (each scores an equal share, then all-gather)."""
+    if len(rows) == 0:
+        return {}
+    engine = p.engine
+    engine.eval()
+    per_rank = math.ceil(len(rows) / p.world)
+    padded = np.concatenate([rows, np.repeat(rows[:1], per_rank * p.world - len(rows))])  # equal shares
+    mine = padded[p.rank * per_rank : (p.rank + 1) * per_rank]
+    probs = []
+    bs = p.cfg.optim.eval_batch_size
+    for start in range(0, len(mine), bs):
+        chunk = mine[start : start + bs]
+        batch = p.setup.builder(chunk).to(p.device)
+        ids, _ = sparse_ids(p.tower.model, batch)
+        emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
+        logits, _ = engine(emb, cast_batch(batch, p.dtype))
+        probs.append(torch.sigmoid(logits.float()).cpu())
+    engine.train()
+    everyone = [None] * p.world
+    dist.all_gather_object(everyone, torch.cat(probs).numpy())
+    pred = np.concatenate(everyone)[: len(rows)]
+    labels = p.setup.data.labels(rows).numpy()
+    return {
+        **binary_metrics(labels[:, 0], pred[:, 0], prefix),
+        **binary_metrics(labels[:, 1], pred[:, 1], f"{prefix}conversion_"),
+    }
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    def write(folder: Path) -> None:
+        p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
+        _maybe_crash(p.rank, state.step)
+        dcp.save({"model": p.dmp.state_dict(), "optim": p.dmp.fused_optimizer.state_dict()},
+                 checkpoint_id=str(folder / "sparse"))  # fmt: skip
+        (folder / "rng").mkdir(exist_ok=True)
+        torch.save(_rng_state(), folder / "rng" / f"rank-{p.rank}.pt")
+        if p.rank == 0:
+            (folder / "state.json").write_text(json.dumps(state.__dict__, indent=1))
+
+    return store.save(state.step, write)
+
+
+def load_checkpoint(p: Parts, path: Path) -> RunState:
+    import torch.distributed.checkpoint as dcp
+
+    p.engine.load_checkpoint(str(path / "dense"), tag="engine")
+    sd = {"model": p.dmp.state_dict(), "optim": p.dmp.fused_optimizer.state_dict()}
+    dcp.load(sd, checkpoint_id=str(path / "sparse"))
+    p.dmp.load_state_dict(sd["model"])
+    p.dmp.fused_optimizer.load_state_dict(sd["optim"])
+    rng = path / "rng" / f"rank-{p.rank}.pt"
+    if rng.exists():  # the same world size: restore exactly (steps re-seed anyway)
+        _set_rng_state(torch.load(rng, weights_only=False))
+    return RunState(**json.loads((path / "state.json").read_text()))
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def _maybe_crash(rank: int, step: int) -> None:
+    spec = os.environ.get(CRASH_IN_CHECKPOINT, "")
+    if spec and spec == f"{rank}:{step}":
+        log.error("fault injection: rank %d exits halfway through checkpoint %d", rank, step)
+        os._exit(17)
+
+
+# ----------------------------------------------------------------------------------------------- the run
+def schedule(p: Parts) -> tuple[list[tuple[int, Step]], int]:
+    """Every step of the run as (epoch, Step), and the examples left out per epoch."""
+    cfg, dc = p.cfg, p.cfg.distributed
+    s = p.setup
+    cuts = s.data.examples["cut"].to_numpy()[s.train_rows]
+    costs = example_costs(cuts, cfg.user_model.max_history)
+    out, left_out = [], 0
+    for epoch in range(1, cfg.optim.epochs + 1):
+        steps, left_out = plan_epoch(s.train_rows, costs, tokens_per_step=dc.tokens_per_step, world_size=p.world,
+                                     seed=cfg.optim.seed, epoch=epoch)  # fmt: skip
+        out += [(epoch, st) for st in steps]
+        if dc.max_steps and len(out) >= dc.max_steps:
+            return out[: dc.max_steps], left_out
+    return out, left_out
+
+
+def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
+    p = build(cfg, ws)
+    dc = cfg.distributed
+    rank0 = p.rank == 0
+    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    (run_dir / "ranks" / f"rank-{p.rank}.pid").write_text(str(os.getpid()))
+    store = CheckpointStore(run_dir / "checkpoints", rank=p.rank, keep=dc.checkpoint.keep)
+    if not cfg.resume:
+        store.reset()
+    store.remove_stale()
+    state = RunState()
+    latest = store.latest()
+    if latest is not None:
+        state = load_checkpoint(p, latest)
+        if rank0:
+            log.info("resumed from %s (step %d)", latest.name, state.step)
+
+    plan, state.left_out = schedule(p)
+    if rank0 and state.left_out:
+        log.warning(
+            "%d trailing train example(s) per epoch are left out: fewer than one per rank", state.left_out
+        )
+    tracker = _tracker(cfg, ws, state) if rank0 else None
+    if tracker is not None:
+        state.run_id = tracker.run_id
+        tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "moe_layers": len(moe_layers(p.tower)),
+                            "steps": len(plan), "train_examples": len(p.setup.train_rows)})  # fmt: skip
+    try:
+        _train(p, plan, state, store, tracker)
+        return _finish(p, run_dir, state, tracker)
+    except BaseException:
+        if tracker is not None:
+            tracker.end("FAILED")
+        raise
+
+
+def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> None:
+    dc, oc = p.cfg.distributed, p.cfg.optim
+    rank0 = p.rank == 0
+    eval_every = dc.eval_every
+    epoch_ends = {i + 1 for i, (e, _) in enumerate(plan) if i + 1 == len(plan) or plan[i + 1][0] != e}
+    num_dense = len(p.setup.bundle.dense.columns)
+    recent: list[dict] = []
+    if not state.history:  # step 0: the untrained model, the baseline training must beat
+        state.history.append({"step": 0, "epoch": 0, **evaluate(p, p.setup.valid_rows, "valid_")})
+        if tracker is not None:
+            tracker.log_metrics(state.history[0], step=0)
+    p.engine.train()
+    bar = tqdm(range(state.step, len(plan)), desc=f"train rank {p.rank}", disable=not rank0, leave=False)
+    for i in bar:
+        epoch, step = plan[i]
+        torch.manual_seed(step_seed(oc.seed, i, p.world, p.rank))
+        start = time.perf_counter()
+        loss, parts = forward_loss(p, step.rows[p.rank])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"rank {p.rank}: loss became {loss.item()} at step {i} (lower optim.lr?)"
+            )
+        p.engine.backward(loss)  # embedding rows are updated here by the fused Adagrad
+        p.engine.step()
+        elapsed = time.perf_counter() - start
+        state.step = i + 1
+        recent.append(_step_stats(p, step, loss.item(), parts, elapsed, num_dense))
+        if state.step % oc.log_every == 0 or state.step == len(plan):
+            _log_steps(p, tracker, recent, state.step)
+            recent = []
+        if (eval_every and state.step % eval_every == 0) or (not eval_every and state.step in epoch_ends):
+            metrics = {"step": state.step, "epoch": epoch, **evaluate(p, p.setup.valid_rows, "valid_")}
+            state.history.append(metrics)
+            if tracker is not None:
+                tracker.log_metrics(metrics, step=state.step)
+                log.info("step %d: valid_ne %.4f", state.step, metrics["valid_ne"])
+        every = dc.checkpoint.every_steps
+        if (every and state.step % every == 0) or state.step == len(plan):
+            save_checkpoint(p, store, state)
+
+
+def _step_stats(p: Parts, step: Step, loss: float, parts: dict, elapsed: float, num_dense: int) -> dict:
+    """What one step did, for every rank (the plan is known everywhere; the loss is this rank's)."""
+    cfg = p.cfg
+    max_len = cfg.user_model.max_history
+    cuts = p.setup.data.examples["cut"].to_numpy()
+    lens = np.minimum(cuts[np.concatenate(step.rows)], max_len)
+    flops = user_model_flops(cfg.user_model, lens, num_dense=num_dense, moe_top_k=cfg.distributed.moe.top_k)
+    return {"loss": loss, **parts, "seconds": elapsed, "flops": flops, "tokens": list(step.tokens),
+            "imbalance": step.imbalance, "examples": sum(len(r) for r in step.rows)}  # fmt: skip
+
+
+def _log_steps(p: Parts, tracker, recent: list[dict], step: int) -> None:
+    """Mean over the last steps: loss (averaged over ranks), throughput, MFU, tokens per rank."""
+    local = torch.tensor([np.mean([r["loss"] for r in recent]), np.mean([r["moe_aux_loss"] for r in recent])])
+    dist.all_reduce(local)
+    local /= p.world
+    seconds = sum(r["seconds"] for r in recent)
+    tokens = np.sum([r["tokens"] for r in recent], axis=0)
+    flops = sum(r["flops"] for r in recent)
+    peak = p.cfg.distributed.peak_tflops * 1e12
+    metrics = {
+        "train_loss": float(local[0]),
+        "moe_aux_loss": float(local[1]),
+        "next_event_loss": float(np.mean([r["next_event_loss"] for r in recent])),
+        "step_seconds": seconds / len(recent),
+        "tokens_per_second": float(tokens.sum()) / seconds,
+        "examples_per_second": sum(r["examples"] for r in recent) / seconds,
+        "model_tflops_per_second": flops / seconds / 1e12,
+        "mfu": mfu(flops, seconds, peak),
+        "token_imbalance": float(np.mean([r["imbalance"] for r in recent])),
+        **{f"tokens_rank{r}": float(t) / len(recent) for r, t in enumerate(tokens)},
+    }
+    if tracker is not None:
+        tracker.log_metrics(metrics, step=step)
+        log.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
+
+
+def _tracker(cfg: TrainRunConfig, ws: Workspace, state: RunState):
+    from models.tracking import Tracker
+    from models.train import default_run_name
+
+    tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state.run_id)
+    tracker.log_config(cfg)
+    return tracker
+
+
+def _finish(p: Parts, run_dir: Path, state: RunState, tracker) -> dict[str, float]:
+    """Final validation + test metrics, the exported model (dense FFNs only), metrics.json; rank 0 writes."""
+    from models.inference import save_bundle
+
+    final = {"steps": float(state.step)}
+    final |= evaluate(p, p.setup.valid_rows, "valid_")
+    final |= evaluate(p, p.setup.test_rows, "test_")
+    if state.history:
+        final["initial_valid_ne"] = state.history[0]["valid_ne"]
+    tables = gather_full_tables(p.dmp, p.rank)
+    dense = {
+        k.removeprefix("model."): v.detach().float().cpu() for k, v in p.engine.module.state_dict().items()
+    }
+    if p.rank == 0:
+        if moe_layers(p.tower):
+            log.warning("MoE blocks: model.pt is not exported (the inference model has dense FFNs only); "
+                        "the DeepSpeed checkpoint under checkpoints/ holds the trained experts")  # fmt: skip
+        else:
+            bundle = p.setup.bundle
+            bundle.version = state.run_id or run_dir.name
+            sparse = {f"sparse.{k}": v for k, v in tables.items()}
+            save_bundle(run_dir / "model.pt", bundle, state_dict={**dense, **sparse})
+        (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
+        (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
+        if tracker is not None:
+            tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.step)
+            for name in ("metrics.json", "history.json", "config.yaml"):
+                if (run_dir / name).exists():
+                    tracker.log_artifact(run_dir / name)
+            tracker.end()
+    dist.barrier()
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--config", required=True, type=Path, help="the run's config.yaml (written by the launcher)"
+    )
+    parser.add_argument("--workspace", required=True, type=Path)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s"
+    )
+    for noisy in ("DeepSpeed", "torchrec", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    cfg = load_config(TrainRunConfig, args.config)
+    try:
+        run(cfg, Workspace(args.workspace.resolve()), args.run_dir.resolve())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
