@@ -64,19 +64,22 @@ def _write(ws: Workspace, table: str, df: pd.DataFrame) -> None:
     )
 
 
-def build_world(root: Path, seed: int = 0) -> World:
+def build_world(
+    root: Path, seed: int = 0, num_ads: int = NUM_ADS, d_model: int = 16, max_recent: int = 20
+) -> World:
+    """``num_ads`` / ``d_model`` grow it for the load bench (``bench/serve.py --build-world``)."""
     rng = np.random.default_rng(seed)
     ws = Workspace(root / "ws")
     ads = pd.DataFrame(
         {
-            "ad_id": np.arange(NUM_ADS, dtype=np.int64),
-            "ad_advertiser_id": rng.integers(0, NUM_ADVERTISERS, NUM_ADS),
-            "ad_category_id": rng.integers(0, NUM_CATEGORIES, NUM_ADS),
-            "ad_quality": rng.uniform(0, 1, NUM_ADS).astype(np.float32),
+            "ad_id": np.arange(num_ads, dtype=np.int64),
+            "ad_advertiser_id": rng.integers(0, NUM_ADVERTISERS, num_ads),
+            "ad_category_id": rng.integers(0, NUM_CATEGORIES, num_ads),
+            "ad_quality": rng.uniform(0, 1, num_ads).astype(np.float32),
         }
     )
     for days in STATS_WINDOWS:
-        imp = rng.integers(0, 500 * days, NUM_ADS)
+        imp = rng.integers(0, 500 * days, num_ads)
         clicks = rng.binomial(imp, 0.05)
         conv = rng.binomial(clicks, 0.2)
         ads[stats_column("impressions", days)] = imp
@@ -100,9 +103,9 @@ def build_world(root: Path, seed: int = 0) -> World:
 
     recent, rows = {}, []
     for user in KNOWN_USERS:
-        n = int(rng.integers(3, 20))
+        n = int(rng.integers(3, max_recent + 1))
         ts = np.sort(REQUEST_TS - 3600 - rng.integers(60, 20 * 86400, n)).astype(np.int64)
-        ad = rng.integers(0, NUM_ADS, n)
+        ad = rng.integers(0, num_ads, n)
         ev = pd.DataFrame(
             {
                 "ad_id": ad,
@@ -143,7 +146,7 @@ def build_world(root: Path, seed: int = 0) -> World:
 
     store = open_store(ws, apply=True)
     store.materialize(DAY_END - dt.timedelta(days=2), DAY_END + dt.timedelta(minutes=1))
-    model_path = _tiny_ranker(root / "ranker", ads, seed)
+    model_path = _tiny_ranker(root / "ranker", ads, seed, d_model)
     return World(
         ws,
         model_path,
@@ -154,7 +157,7 @@ def build_world(root: Path, seed: int = 0) -> World:
     )
 
 
-def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int) -> Path:
+def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int, d_model: int) -> Path:
     import torch
 
     from models.config import RankerConfig
@@ -162,9 +165,16 @@ def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int) -> Path:
     from models.inference import MODEL_FILE, ModelBundle, build_model, save_bundle
 
     torch.manual_seed(seed)
-    cfg = RankerConfig(d_model=16, num_layers=2, num_heads=2, ffn_mult=2, num_user_tokens=NUM_USER_TOKENS)
+    heads = 2 if d_model <= 16 else 4
+    cfg = RankerConfig(
+        d_model=d_model,
+        num_layers=2,
+        num_heads=heads,
+        ffn_mult=2 if d_model <= 16 else 4,
+        num_user_tokens=NUM_USER_TOKENS,
+    )
     vocab = {
-        "ad_id": NUM_ADS, "advertiser_id": NUM_ADVERTISERS, "category_id": NUM_CATEGORIES, "action": len(ACTIONS),
+        "ad_id": len(ads), "advertiser_id": NUM_ADVERTISERS, "category_id": NUM_CATEGORIES, "action": len(ACTIONS),
         "surface": len(SURFACES), "gender": len(GENDERS), "country": 4, "user_id": NUM_USERS,
     }  # fmt: skip
     frame = ads.assign(quality=ads["ad_quality"])
