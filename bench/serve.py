@@ -93,7 +93,9 @@ def run_load(
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        for i in tqdm(range(total), desc=f"load {rate:.0f} req/s x {seconds:.0f} s", leave=False, disable=None):
+        for i in tqdm(
+            range(total), desc=f"load {rate:.0f} req/s x {seconds:.0f} s", leave=False, disable=None
+        ):
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
@@ -157,12 +159,14 @@ def _timed(fn) -> float:
 
 
 def start_server(
-    world_dir: Path, port: int, max_candidates: int
+    world_dir: Path, port: int, max_candidates: int, d_model: int
 ) -> tuple[subprocess.Popen, Path, list[int], int]:
     from tests.serving.world import KNOWN_USERS, build_world
 
     world_dir.mkdir(parents=True, exist_ok=True)
-    print(f"building a bench world in {world_dir} (6,000 ads, ranker d_model {d_model}, 64 recent events) ...")
+    print(
+        f"building a bench world in {world_dir} (6,000 ads, ranker d_model {d_model}, 64 recent events) ..."
+    )
     world = build_world(world_dir, num_ads=6000, d_model=d_model, max_recent=64)
     cmd = [sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
            "--model-uri", str(world.model_path), "--http-port", str(port),
