@@ -7,6 +7,10 @@ step, then the median of ``--steps`` timed forward + backward steps.
 
     .venv/bin/python bench/jagged.py                      # batch 64, heads 4, head dim 32, lengths <= 1024
     .venv/bin/python bench/jagged.py --batch 16 --steps 2 # quicker
+    .venv/bin/python bench/jagged.py --threads 1          # steadier on a shared, busy machine
+
+On a machine shared with other jobs the times swing (a 2-thread step of many small kernels suffers most
+from oversubscription); the load average printed with the settings says how busy it was.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -50,6 +55,7 @@ class Settings:
     steps: int = 3
     dtype: str = "float32"
     seed: int = 0
+    threads: int = 0  # torch intra-op threads per worker; 0 keeps torch's default
 
 
 def zipf_lengths(n: int, max_len: int, s: float, gen: torch.Generator) -> torch.Tensor:
@@ -107,6 +113,8 @@ def rss_bytes() -> int:
 
 
 def worker(case: str, backend: str, cfg: Settings) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     call, _, _ = make_inputs(case, cfg)
     before = rss_bytes()
     step(case, backend, call)  # warm-up: first calls pay for lazy init and allocator growth
@@ -160,7 +168,9 @@ def main() -> None:
     unknown = set(cases) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from {list(CASES)}")
-    print(f"settings: {asdict(cfg)}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    threads = cfg.threads or torch.get_num_threads()
+    load = os.getloadavg()[0]
+    print(f"settings: {asdict(cfg)}; torch {torch.__version__}, {threads} threads; load average {load:.1f}")
     rows = []
     for case in cases:
         layout = layout_figures(case, cfg)

@@ -7,18 +7,18 @@ position / time bias and the empty-sequence semantics). How it avoids padding:
    share one class; above it, classes grow geometrically by ``1 + PAD_BUDGET``), so a bucket padded to its own
    longest sequence wastes at most ``PAD_BUDGET`` of its tokens. Indices come from the offsets in a few
    vectorized ops; the only Python loop is over buckets (a few dozen at most), never over sequences.
-2. The rows are permuted once into bucket order (``take_rows``: a gather whose backward is a copy, since no row
-   repeats) and each bucket is zero-padded to a dense (n, L_b, H, D) block.
+2. One copy moves the rows into a zero-padded buffer holding every bucket's dense (n, L_b, H, D) block
+   (``_MoveRows``: no row repeats, so its backward is the reverse copy, not a scatter-add).
 3. Each bucket runs ``torch.nn.functional.scaled_dot_product_attention``: the fused CPU kernel when no bias needs
    a gradient, PyTorch's math kernel otherwise. The relative bias is built per bucket at (1 or n, H, L_b, L_b),
    never at (B, H, N_max, N_max). Causal buckets need no key-padding mask: padding sits at the end of each
    sequence, so a real query never sees a padded key.
-4. The real rows of every bucket go back to their jagged place with one ``index_copy``; rows no bucket covers
-   (cross-attention queries whose sequence has no keys) stay zero.
+4. The real rows of every bucket go back to their jagged place with one more move; rows no bucket covers
+   (cross-attention queries whose sequence has no keys) stay zero. As in the reference, a batch where nothing
+   attends returns plain zeros.
 
 Autograd runs through these ops (forward and backward). bf16 inputs stay bf16 inside SDPA, whose CPU kernels
-accumulate in fp32; the bias tables are gathered in their own dtype, so their gradients accumulate in fp32 when
-the tables are fp32.
+accumulate in fp32 (the math kernel upcasts); the bias-table gradients are summed in fp32 too.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class _LookupBias(torch.autograd.Function):
     """``table[:, idx]`` for a small (H, buckets) bias table and a large index, with a lean backward.
 
     Autograd's own backward (index_put with accumulate, or embedding's) costs several times the attention at
-    (H, n, L, L); summing each head's gradient with one 1-D ``scatter_add_`` is 2-4x cheaper on CPU.
+    (H, n, L, L); summing each head's gradient with one 1-D ``scatter_add_`` measured 2-3x cheaper on CPU.
     """
 
     @staticmethod
