@@ -103,13 +103,13 @@ def _score_bias(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, OUT, LSE,
+    Q, K, V, OUT, OUT32, LSE,
     q_offsets, kv_offsets, sched_seq, sched_start,
     pos_bias, time_bias, ts,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_pos_h, stride_time_h, max_rel, num_time_buckets,
     num_heads, head_dim, sm_scale,
-    CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, HAS_TIME: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, HAS_TIME: tl.constexpr, STORE_OUT32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -163,6 +163,9 @@ def _fwd_kernel(
     lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), 0.0)
     tl.store(OUT + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
+    if STORE_OUT32:  # contiguous (total, H, D) fp32 copy, see _JaggedAttention
+        tl.store(OUT32 + (q_rows[:, None] * num_heads + h) * head_dim + offs_d[None, :], out,
+                 mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LSE + q_rows * num_heads + h, lse, mask=row_ok)
 
 
@@ -495,22 +498,26 @@ def _check_bias(pos_bias, time_bias, timestamps, q: torch.Tensor) -> _Bias:
     )
 
 
-def _forward(q, k, v, q_offsets, kv_offsets, causal: bool, bias: _Bias):
+def _forward(q, k, v, q_offsets, kv_offsets, causal: bool, bias: _Bias, keep_fp32_out: bool):
+    """(out, lse, out32): out32 is an fp32 copy of out when asked for and out is not fp32 already."""
     total_q, heads, head_dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.zeros((total_q, heads), dtype=torch.float32, device=q.device)
+    store_out32 = keep_fp32_out and q.dtype != torch.float32
+    out32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if store_out32 else out
     cfg = _configs(head_dim, q.dtype, q.device)["fwd"]
     q_lens = q_offsets[1:] - q_offsets[:-1]
     kv_lens = kv_offsets[1:] - kv_offsets[:-1]
     seq, start, count = _schedule(q_lens, cfg.block_m, _keys_scanned(kv_lens, cfg.block_m, causal))
     if count == 0:
-        return out, lse
+        return out, lse, out32
     precision, upcast = _precision(q.dtype)
     _fwd_kernel[(count * heads,)](
         q,
         k,
         v,
         out,
+        out32,
         lse,
         q_offsets,
         kv_offsets,
@@ -532,6 +539,7 @@ def _forward(q, k, v, q_offsets, kv_offsets, causal: bool, bias: _Bias):
         CAUSAL=causal,
         HAS_POS=bias.pos is not None,
         HAS_TIME=bias.time is not None,
+        STORE_OUT32=store_out32,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
@@ -540,7 +548,7 @@ def _forward(q, k, v, q_offsets, kv_offsets, causal: bool, bias: _Bias):
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    return out, lse
+    return out, lse, out32
 
 
 def _backward(
@@ -659,12 +667,17 @@ class _JaggedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, causal, pos_bias, time_bias, ts):
         bias = _Bias(pos_bias, time_bias, ts)
+        # The bias-table gradients are sums of dS = P * (dP - delta) over many entries, and each row of dS sums
+        # to zero: delta = rowsum(dO * O) taken from a bf16-rounded O leaves a bias that those sums pile up.
+        # So when a table needs its gradient, backward gets delta from an fp32 copy of O.
+        exact_delta = any(t is not None and t.requires_grad for t in (pos_bias, time_bias))
         if q.shape[0] == 0 or k.shape[0] == 0:  # nothing to attend: zeros, like the reference
             out = torch.zeros_like(q, memory_format=torch.contiguous_format)
             lse = torch.zeros(q.shape[:2], dtype=torch.float32, device=q.device)
+            out_for_delta = out
         else:
-            out, lse = _forward(q, k, v, q_offsets, kv_offsets, causal, bias)
-        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, pos_bias, time_bias, ts)
+            out, lse, out_for_delta = _forward(q, k, v, q_offsets, kv_offsets, causal, bias, exact_delta)
+        ctx.save_for_backward(q, k, v, out_for_delta, lse, q_offsets, kv_offsets, pos_bias, time_bias, ts)
         ctx.causal = causal
         return out
 
