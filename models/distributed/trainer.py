@@ -469,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s"
+        level=logging.INFO,
+        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s",
+        force=True,
     )
     for noisy in ("DeepSpeed", "torchrec", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
