@@ -62,7 +62,7 @@ class OptimConfig:
     eval_batch_size: int = 1024
     lr: float = 2e-3  # dense parameters, AdamW
     weight_decay: float = 1e-4
-    sparse_lr: float = 0.05  # embedding rows, fused row-wise Adagrad applied in backward
+    sparse_lr: float = 0.02  # embedding rows, fused row-wise Adagrad applied in backward
     grad_clip: float = 1.0
     patience: int = 2  # early stopping on validation NE
     conversion_weight: float = 1.0  # weight of the conversion loss next to the click loss

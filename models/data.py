@@ -25,12 +25,26 @@ EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
 CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
 LABELS = ("click", "conversion")
 EXAMPLE_COLUMNS = ("user_id", "user_row", "cut", "ad_id", "advertiser_id", "category_id", "surface", "ts")
-# Columns of ranker.parquet that are ids, labels or bookkeeping, never dense model inputs.
+# Columns of ranker.parquet that are labels, bookkeeping or profile, never dense candidate inputs (every
+# ``*_id`` column is an id, embedded or ignored, never a number).
 NOT_DENSE = {
-    "example_id", "user_id", "user_row", "cut", "ad_id", "advertiser_id", "category_id", "surface", "ts",
-    "click", "conversion", "split", "gender", "country", "age", "user_embedding", "model_version",
-    "event_timestamp", "created", "created_ts",
+    "user_row", "cut", "surface", "ts", "click", "conversion", "split", "user_embedding", "model_version",
+    "event_timestamp", "created", "created_ts", *(f"{p}{c}" for p in ("", "user_") for c in ("age", "gender", "country")),
 }  # fmt: skip
+# The user profile as ranker.parquet names it (Feast ``user_profile`` view), with plain names as fallback.
+PROFILE_COLUMNS = {
+    "age": ("user_age", "age"),
+    "gender": ("user_gender", "gender"),
+    "country": ("user_country", "country"),
+}
+
+
+def profile_column(frame: pd.DataFrame, what: str) -> np.ndarray | None:
+    """The profile field ``what`` as float64 (NaN where the point-in-time join found no profile), or None."""
+    for name in PROFILE_COLUMNS[what]:
+        if name in frame:
+            return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64)
+    return None
 
 
 class TrainingSetError(ValueError):
@@ -210,8 +224,9 @@ class TrainingSet:
             seen[f] = max(seen.get(f, 0), int(max(vals)) + 1)
         if self.ranker is not None:
             for f in ("gender", "country"):
-                if f in self.ranker:
-                    seen[f] = max(seen.get(f, 0), int(self.ranker[f].max()) + 1)
+                col = profile_column(self.ranker, f)
+                if col is not None and (~np.isnan(col)).any():
+                    seen[f] = max(seen.get(f, 0), int(np.nanmax(col)) + 1)
         seen.setdefault("country", 1)
         return {k: max(int(sizes.get(k, 0)), v, 1) for k, v in seen.items()}
 
@@ -258,10 +273,11 @@ class TrainingSet:
     def profile(self, rows: np.ndarray, age_dense: np.ndarray) -> Profile:
         src = self.ranker if self.ranker is not None else self.examples
 
-        def ids(col: str) -> torch.Tensor:
-            if col not in src:
+        def ids(what: str) -> torch.Tensor:
+            col = profile_column(src, what)
+            if col is None:
                 return torch.zeros(len(rows), dtype=torch.int64)
-            return torch.from_numpy(src[col].to_numpy(np.int64)[rows])
+            return torch.from_numpy(np.nan_to_num(col[rows], nan=-1).astype(np.int64))  # missing -> OOV row
 
         return Profile(
             user_id=torch.from_numpy(self.examples["user_id"].to_numpy(np.int64)[rows]),
@@ -277,6 +293,7 @@ class TrainingSet:
             c
             for c in frame.columns
             if c not in NOT_DENSE
+            and not c.endswith("_id")
             and pd.api.types.is_numeric_dtype(frame[c])
             and not pd.api.types.is_bool_dtype(frame[c])
         ]
@@ -386,7 +403,8 @@ class BatchBuilder:
         self.history_len, self.time_buckets, self.gap_to = history_len, time_buckets, gap_to
         self.dense = dense.apply(data.dense_frame())
         frame = data.dense_frame()
-        age = frame["age"].to_numpy(np.float64) if "age" in frame else np.zeros(len(frame))
+        age = profile_column(frame, "age")
+        age = np.zeros(len(frame)) if age is None else age
         self.age = ((np.nan_to_num(age) - 40.0) / 15.0).astype(np.float32)[:, None]
         self.user_embeddings, self.user_present, self.k = user_embeddings, user_present, num_user_tokens
         if user_embeddings is not None and (

@@ -33,7 +33,7 @@ def normalized_entropy(labels, preds, weights=None) -> float:
     pos, neg = float((w * y).sum()), float((w * (1 - y)).sum())
     rate = np.clip(pos / max(float(w.sum()), EPS), EPS, 1 - EPS)
     background = -(pos * np.log2(rate) + neg * np.log2(1 - rate))
-    return log_loss_sum(y, p, w) / background if background > 0 else float("nan")
+    return float(log_loss_sum(y, p, w) / background) if background > 0 else float("nan")
 
 
 def auc(labels, preds) -> float:

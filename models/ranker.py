@@ -74,7 +74,7 @@ class Ranker(nn.Module):
         self.interaction = FeatureInteraction(
             d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.interaction_layers, cfg.attention_backend
         )
-        self.head = mlp_head((1 + num_cand_tokens + PROFILE_TOKENS) * d, 2 * d, 2, cfg.dropout)
+        self.head = mlp_head((2 + num_cand_tokens + PROFILE_TOKENS) * d, 2 * d, 2, cfg.dropout)
 
     def user_side(
         self,
@@ -114,7 +114,8 @@ class Ranker(nn.Module):
         emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
         cand = torch.stack([emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS], 1)
         cand = torch.cat([cand, self.cand_dense(cands.dense)], 1)  # (N, T, d)
-        q = self.query(cand.flatten(1))
+        q0 = self.query(cand.flatten(1))
+        q = q0
         cand_user = segment_ids(cands.offsets)
         if self.cfg.pooling == "target":
             for block, kv in zip(self.blocks, side.kv, strict=True):
@@ -123,7 +124,8 @@ class Ranker(nn.Module):
             q = q + segment_mean(side.context, side.offsets)[cand_user]
         else:
             q = q + self.din(q, cands.offsets, side.context, side.offsets)
-        tokens = torch.cat([q[:, None], cand, side.profile[cand_user]], 1)
+        # q * q0 exposes how well what the candidate read from the context matches the candidate itself
+        tokens = torch.cat([q[:, None], (q * q0)[:, None], cand, side.profile[cand_user]], 1)
         return self.head(self.interaction(tokens))
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,7 +53,7 @@ class UserModel(nn.Module):
         self.cand_dense = DenseTokens(num_dense, d)
         self.cand_proj = nn.Linear((len(CANDIDATE_ID_FIELDS) + num_dense) * d, d)
         self.target = TargetAwareBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.attention_backend)
-        self.head = mlp_head(2 * d, 2 * d, 2, cfg.dropout)
+        self.head = mlp_head(3 * d, 2 * d, 2, cfg.dropout)
         self.next_proj = nn.Linear(d, d)
 
     @property
@@ -101,7 +101,7 @@ class UserModel(nn.Module):
         kv_offsets = torch.arange(b + 1, device=cand.device) * k
         kv = self.target.context_kv(user_tokens.reshape(b * k, d))
         read = self.target(cand, cands.offsets, kv, kv_offsets)
-        return self.head(torch.cat([read, cand], -1))
+        return self.head(torch.cat([read, cand, read * cand], -1))  # the product exposes matches
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, 2) logits and the auxiliary next-event loss (0 when disabled)."""

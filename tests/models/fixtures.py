@@ -6,7 +6,8 @@ point-in-time ad stats and user profile, ``user_embedding`` null) and ``manifest
 
 Planted structure (so a model that reads the history against the candidate wins):
 - each user has 2 long-term categories (stable) and a short-term category that changes every session;
-- events pick ads from the short-term category (60%), the long-term ones (25%) or anywhere (15%);
+- events pick ads from the short-term category (60%), the long-term ones (25%) or anywhere (15%); half
+  the impressions show a random ad instead;
 - an impression is clicked with logit -2.2 + 2.0 * [candidate category in the last 10 events]
   + 1.0 * [candidate category is long-term] + 1.2 * [the user clicked this advertiser before] + surface effect;
 - a click converts with probability 0.25, or 0.6 when the user converted on that advertiser before.
@@ -14,7 +15,9 @@ Planted structure (so a model that reads the history against the candidate wins)
 
 from __future__ import annotations
 
+import functools
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +73,8 @@ def write_training_set(
                 ad = int(rng.choice(pool))
                 surface = int(rng.integers(0, len(SURFACES)))
                 if rng.uniform() < impression_rate:
+                    if rng.uniform() < 0.5:  # half the impressions are untargeted: matches are informative
+                        ad = int(rng.integers(0, num_ads))
                     recent = set(events["category_id"][-10:])
                     logit = (
                         -2.2
@@ -128,11 +133,12 @@ def write_training_set(
     ex.to_parquet(out / "examples.parquet", index=False)
 
     ranker = ex.copy()
+    ranker["ad_quality"] = ranker["quality"].astype(np.float32)
     for name, value in _ad_stats(ex).items():
         ranker[name] = value
-    ranker["age"] = (18 + (ranker["user_id"] * 7) % 50).astype(np.int16)
-    ranker["gender"] = (ranker["user_id"] % 3).astype(np.int32)
-    ranker["country"] = (ranker["user_id"] % 5).astype(np.int32)
+    ranker["user_age"] = (18 + (ranker["user_id"] * 7) % 50).astype(np.int16)
+    ranker["user_gender"] = (ranker["user_id"] % 3).astype(np.int32)
+    ranker["user_country"] = (ranker["user_id"] % 5).astype(np.int32)
     ranker["user_embedding"] = pd.Series([None] * len(ranker), dtype=object)
     ranker["model_version"] = pd.Series([None] * len(ranker), dtype=object)
     schema = pa.Schema.from_pandas(ranker, preserve_index=False)
@@ -181,3 +187,42 @@ def _ad_stats(ex: pd.DataFrame) -> dict[str, np.ndarray]:
         "ad_ctr_28d": (clicks / np.maximum(impressions, 1)).astype(np.float32),
         "ad_cvr_28d": (conversions / np.maximum(clicks, 1)).astype(np.float32),
     }
+
+
+def tiny_user_config(**kw):
+    """A user model small enough for unit tests (reference attention: exact and dependency-free)."""
+    from models.config import UserModelConfig
+
+    base = dict(d_model=16, num_layers=1, num_heads=2, max_history=32, num_user_tokens=2, max_rel_pos=8)
+    return UserModelConfig(**{**base, "attention_backend": "reference", **kw})
+
+
+def tiny_ranker_config(**kw):
+    from models.config import RankerConfig
+
+    base = dict(d_model=16, num_layers=2, num_heads=2, recent_events=16, num_user_tokens=2)
+    return RankerConfig(**{**base, "attention_backend": "reference", **kw})
+
+
+# The shared tiny training set: written once per test process into a temp folder removed at exit.
+_TMP = tempfile.TemporaryDirectory(prefix="gemflow-models-")
+
+
+@functools.cache
+def tiny_set_path() -> Path:
+    return write_training_set(Path(_TMP.name) / "tiny", num_users=24, num_ads=40, seed=3)
+
+
+@functools.cache
+def tiny_set():
+    from models.data import TrainingSet
+
+    return TrainingSet(tiny_set_path())
+
+
+@functools.cache
+def tiny_dense():
+    from models.data import DenseSpec
+
+    data = tiny_set()
+    return DenseSpec.fit(data.dense_frame(), data.dense_columns())

@@ -1,0 +1,103 @@
+"""Model commands: ``train --model user|ranker`` and ``evaluate`` (NE/AUC/calibration, leave-one-out).
+
+Both exit 2 on bad input (unknown training set, bad config, missing model) with a one-line error, 0 otherwise,
+and print their metrics as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
+
+BAD_INPUT_EXIT = 2
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("mlflow", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(err: Exception) -> typer.Exit:
+    typer.echo(f"error: {err}", err=True)
+    return typer.Exit(code=BAD_INPUT_EXIT)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train_cmd(
+        model: Annotated[
+            str | None, typer.Option("--model", "-m", help="user (offline user model) or ranker.")
+        ] = None,
+        training_set: Annotated[
+            str | None,
+            typer.Option("--training-set", "-t", help="Name under <workspace>/training/ or a path."),
+        ] = None,
+        cfg_path: ConfigOpt = None,
+        overrides: SetOpt = None,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Train the user model or the ranker (single process), tracked in MLflow; resumes from its checkpoint."""
+        from models.config import TrainRunConfig
+        from models.data import TrainingSetError
+        from models.train import train
+
+        _logging()
+        cfg = config(TrainRunConfig, cfg_path, overrides, model=model, training_set=training_set)
+        try:
+            result = train(cfg, workspace(ws))
+        except (TrainingSetError, ValueError, FileNotFoundError) as err:
+            raise _fail(err) from err
+        typer.echo(
+            json.dumps(
+                {"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics},
+                indent=2,
+            )
+        )
+
+    @app.command("evaluate")
+    def evaluate_cmd(
+        run_dir: Annotated[Path, typer.Option("--run", "-r", help="A training run folder (holds model.pt).")],
+        training_set: Annotated[
+            str, typer.Option("--training-set", "-t", help="Name under <workspace>/training/ or a path.")
+        ],
+        split: Annotated[str, typer.Option(help="test or valid.")] = "test",
+        leave_one_out: Annotated[
+            bool,
+            typer.Option(
+                "--leave-one-out/--no-leave-one-out", help="Also rank 1 positive + 99 negatives per user."
+            ),
+        ] = False,
+        negatives: Annotated[int, typer.Option(help="Sampled negatives per leave-one-out list.")] = 99,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """NE, AUC and calibration of a trained model on a split; optionally leave-one-out HR@10/NDCG@10/MRR."""
+        from models import evaluate
+        from models.data import TrainingSetError
+        from models.train import evaluate_rows, resolve_training_set
+
+        _logging()
+        if split not in ("test", "valid"):
+            raise _fail(ValueError(f"--split must be test or valid, got {split!r}"))
+        try:
+            path = resolve_training_set(training_set, workspace(ws))
+            bundle, data, builder = evaluate.load_for_evaluation(run_dir, path)
+            out = evaluate_rows(bundle.model, builder, data.split_rows(split), 1024, f"{split}_")
+            if leave_one_out:
+                out |= {
+                    f"loo_{k}": v
+                    for k, v in evaluate.leave_one_out(
+                        bundle, data, builder, split=split, num_negatives=negatives
+                    ).items()
+                }
+                pop = evaluate.popularity_leave_one_out(data, split=split, num_negatives=negatives)
+                out |= {f"loo_popularity_{k}": v for k, v in pop.items()}
+        except (TrainingSetError, ValueError, FileNotFoundError) as err:
+            raise _fail(err) from err
+        typer.echo(json.dumps(out, indent=2))

@@ -1,0 +1,138 @@
+"""Evaluation of trained models: NE/AUC/calibration on a split, and leave-one-out ranking for positive-only
+logs (MovieLens-style: each user's last positive is the test item, the second-last the validation item).
+
+Leave-one-out: the held-out positive and ``num_negatives`` ads the user never interacted with (sampled with a
+fixed seed, so every model ranks the same lists) are scored against the user's history as of the positive;
+HR@K, NDCG@K and MRR follow from the positive's rank. Every candidate, the positive included, takes its ad
+attributes from one per-ad table (each ad's last row in the train split), so the positive's own row leaks
+nothing. The user side is computed once per user and shared by its 1 + ``num_negatives`` candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.data import CANDIDATE_ID_FIELDS, BatchBuilder, Candidates, TrainingSet, leave_one_out_split
+from models.inference import ModelBundle, batches, embed_examples, load_bundle
+from models.metrics import rank_metrics
+
+
+@dataclass
+class LooLists:
+    rows: np.ndarray  # (U,) the held-out positive example of each user
+    items: np.ndarray  # (U, 1 + negatives) ad ids, column 0 = the positive
+
+
+def loo_lists(data: TrainingSet, split: str = "test", num_negatives: int = 99, seed: int = 0) -> LooLists:
+    """The candidate lists of the leave-one-out protocol for ``split`` ("test" or "valid")."""
+    labels = leave_one_out_split(data.examples)
+    rows = np.flatnonzero(labels == split)
+    ex = data.examples
+    catalog = np.unique(ex["ad_id"].to_numpy())
+    if len(catalog) <= num_negatives:
+        raise ValueError(f"leave-one-out needs more than {num_negatives} ads, the set has {len(catalog)}")
+    rng = np.random.default_rng(seed)
+    items = np.empty((len(rows), 1 + num_negatives), np.int64)
+    user_rows = ex["user_row"].to_numpy()
+    for i, row in enumerate(rows):
+        u = user_rows[row]
+        seen = set(data.seq_values["ad_id"][data.seq_offsets[u] : data.seq_offsets[u + 1]].tolist())
+        seen |= set(ex.loc[ex["user_row"] == u, "ad_id"].tolist())
+        pool = catalog[~np.isin(catalog, list(seen))]
+        if len(pool) < num_negatives:
+            pool = catalog[catalog != ex["ad_id"].iat[row]]
+        items[i, 0] = ex["ad_id"].iat[row]
+        items[i, 1:] = rng.choice(pool, num_negatives, replace=False)
+    return LooLists(rows, items)
+
+
+def ad_table(data: TrainingSet, builder: BatchBuilder) -> dict[int, int]:
+    """ad id -> the example row whose attributes stand for that ad (its last train row, else its last row)."""
+    ex = data.examples
+    is_train = (leave_one_out_split(ex) == "train").astype(int)
+    order = np.lexsort((ex["ts"].to_numpy(), is_train))  # train rows last, latest last
+    return dict(zip(ex["ad_id"].to_numpy()[order].tolist(), order.tolist(), strict=True))
+
+
+@torch.no_grad()
+def score_lists(
+    bundle: ModelBundle, data: TrainingSet, builder: BatchBuilder, lists: LooLists, batch_users: int = 64
+):
+    """(U, 1 + negatives) p_click of every candidate list (one user-side computation per user)."""
+    model = bundle.model
+    model.eval()
+    table = ad_table(data, builder)
+    out = []
+    for chunk in batches(np.arange(len(lists.rows)), batch_users, "leave-one-out"):
+        rows = lists.rows[chunk]
+        batch = builder(rows)
+        items = lists.items[chunk]
+        attr_rows = np.vectorize(table.__getitem__)(items).ravel()
+        cands = builder.data.candidates(attr_rows, builder.dense)
+        cands.surface = batch.candidates.surface.repeat_interleave(items.shape[1])  # the request's surface
+        cands = Candidates(
+            **{f: getattr(cands, f) for f in (*CANDIDATE_ID_FIELDS, "dense")},
+            offsets=torch.arange(len(rows) + 1) * items.shape[1],
+        )
+        if bundle.kind == "user":
+            user = model.encode_user(batch.history, batch.profile.user_id)
+            logits = model.score(user, cands)
+        else:
+            side = model.user_side(batch.history, batch.profile, batch.user_tokens, batch.user_token_mask)
+            logits = model.score(side, cands)
+        out.append(torch.sigmoid(logits[:, 0]).view(len(rows), -1))
+    return torch.cat(out).numpy()
+
+
+def leave_one_out(
+    bundle: ModelBundle, data: TrainingSet, builder: BatchBuilder, *, split: str = "test", num_negatives: int = 99,
+    seed: int = 0, ks: tuple[int, ...] = (10,),
+) -> dict[str, float]:  # fmt: skip
+    lists = loo_lists(data, split, num_negatives, seed)
+    scores = score_lists(bundle, data, builder, lists)
+    return rank_metrics(scores[:, 0], scores[:, 1:], ks)
+
+
+def popularity_leave_one_out(
+    data: TrainingSet,
+    *,
+    split: str = "test",
+    num_negatives: int = 99,
+    seed: int = 0,
+    ks: tuple[int, ...] = (10,),
+) -> dict[str, float]:
+    """Baseline: rank by the number of positives each ad got in the train rows."""
+    lists = loo_lists(data, split, num_negatives, seed)
+    ex = data.examples
+    train = (leave_one_out_split(ex) == "train") & (ex["click"].to_numpy() > 0)
+    counts = ex.loc[train, "ad_id"].value_counts()
+    scores = counts.reindex(lists.items.ravel()).fillna(0).to_numpy().reshape(lists.items.shape)
+    return rank_metrics(scores[:, 0], scores[:, 1:], ks)
+
+
+def load_for_evaluation(run_dir: str | Path, training_set: str | Path):
+    """The trained bundle, the training set and a batch builder that reads it the way the model was trained."""
+    bundle = load_bundle(run_dir)
+    data = TrainingSet(Path(training_set), require_ranker=bundle.kind == "ranker")
+    cfg = bundle.cfg
+    if bundle.kind == "user":
+        builder = BatchBuilder(
+            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+        )
+    else:
+        emb, present = None, None
+        if cfg.use_user_tokens and bundle.user_token_dim:
+            if cfg.user_model:  # the ranker was trained on tokens embedded by this user model
+                emb = embed_examples(load_bundle(cfg.user_model), data)
+                present = np.ones(len(emb), bool)
+            else:
+                emb, present, _ = data.user_embeddings()
+        builder = BatchBuilder(
+            data, bundle.dense, history_len=cfg.recent_events, time_buckets=cfg.time_buckets, gap_to="request",
+            user_embeddings=emb, user_present=present, num_user_tokens=cfg.num_user_tokens,
+        )  # fmt: skip
+    return bundle, data, builder

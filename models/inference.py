@@ -1,0 +1,121 @@
+"""Saving, loading and running trained models: predictions over example rows, user embeddings per example.
+
+A trained model is one file, ``model.pt``, holding its kind, config, vocabulary, dense-feature normalization
+and weights (plain tensors and Python values, loadable with ``weights_only=True``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from gemflow.config import load_config, to_dict
+from models.config import RankerConfig, UserModelConfig
+from models.data import BatchBuilder, DenseSpec, TrainingSet
+from models.ranker import Ranker
+from models.user_model import UserModel
+
+MODEL_FILE = "model.pt"
+
+
+@dataclass
+class ModelBundle:
+    kind: str  # "user" | "ranker"
+    model: UserModel | Ranker
+    vocab: dict[str, int]
+    dense: DenseSpec
+    user_token_dim: int
+    version: str  # the run that trained it (cached embeddings carry it)
+    user_model_version: str  # ranker: the user-model version its cached tokens came from
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+
+def build_model(kind: str, cfg, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0):
+    if kind == "user":
+        return UserModel(cfg, vocab, num_dense)
+    return Ranker(cfg, vocab, num_dense, user_token_dim)
+
+
+def save_bundle(path: Path, bundle: ModelBundle, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    payload = {
+        "kind": bundle.kind,
+        "config": to_dict(bundle.cfg),
+        "vocab": dict(bundle.vocab),
+        "dense": {"columns": bundle.dense.columns, "mean": bundle.dense.mean, "std": bundle.dense.std},
+        "user_token_dim": bundle.user_token_dim,
+        "version": bundle.version,
+        "user_model_version": bundle.user_model_version,
+        "state_dict": state_dict if state_dict is not None else bundle.model.state_dict(),
+    }
+    atomic_save(payload, path)
+
+
+def load_bundle(path: str | Path) -> ModelBundle:
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no trained model at {path} (train one with `gemflow train`)")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    cls = UserModelConfig if payload["kind"] == "user" else RankerConfig
+    cfg = load_config(cls, None, payload["config"])
+    dense = DenseSpec(**payload["dense"])
+    model = build_model(payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"])
+    model.load_state_dict(payload["state_dict"])
+    model.eval()
+    return ModelBundle(
+        payload["kind"], model, payload["vocab"], dense, payload["user_token_dim"], payload["version"],
+        payload["user_model_version"],
+    )  # fmt: skip
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write to a temp file in the same folder, then rename: a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def batches(rows: np.ndarray, size: int, desc: str | None = None):
+    starts = range(0, len(rows), size)
+    for start in tqdm(starts, desc=desc, leave=False, disable=desc is None):
+        yield rows[start : start + size]
+
+
+@torch.no_grad()
+def predict(
+    model, builder: BatchBuilder, rows: np.ndarray, batch_size: int, desc: str | None = None
+) -> np.ndarray:
+    """(len(rows), 2) probabilities: p_click, p_conversion."""
+    was_training = model.training
+    model.eval()
+    out = [torch.sigmoid(model(builder(chunk))[0]) for chunk in batches(rows, batch_size, desc)]
+    model.train(was_training)
+    return torch.cat(out).numpy() if out else np.zeros((0, 2), np.float32)
+
+
+@torch.no_grad()
+def embed_examples(bundle: ModelBundle, data: TrainingSet, batch_size: int = 512) -> np.ndarray:
+    """(examples, K * d) the user model's tokens for every example, from its history as of the example's cut
+    (what a cache refreshed at that moment would hold: no event at or after the example enters)."""
+    if bundle.kind != "user":
+        raise ValueError("cached user embeddings come from a user model, got a ranker")
+    model, cfg = bundle.model, bundle.cfg
+    builder = BatchBuilder(
+        data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+    )
+    rows = np.arange(len(data.examples))
+    out = []
+    for chunk in batches(rows, batch_size, "embed users"):
+        b = builder(chunk)
+        out.append(model.encode_user(b.history, b.profile.user_id).flatten(1))
+    return torch.cat(out).numpy().astype(np.float32)

@@ -1,0 +1,59 @@
+"""Training plots written as PNG artifacts (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on training machines
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def learning_curve_plot(history: list[dict[str, float]], path: Path) -> Path:
+    """Validation NE (click, conversion) and train loss per epoch; epoch 0 is the untrained model."""
+    epochs = [h["epoch"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(epochs, [h.get("valid_ne", np.nan) for h in history], "o-", label="valid NE (click)")
+    ax.plot(
+        epochs, [h.get("valid_conversion_ne", np.nan) for h in history], "s--", label="valid NE (conversion)"
+    )
+    trained = [h for h in history if "train_loss" in h]
+    if trained:
+        ax2 = ax.twinx()
+        ax2.plot(
+            [h["epoch"] for h in trained],
+            [h["train_loss"] for h in trained],
+            "^:",
+            color="gray",
+            label="train loss",
+        )
+        ax2.set_ylabel("train loss")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("normalized entropy")
+    ax.legend(loc="upper right")
+    ax.set_title("learning curve")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def calibration_plot(labels: np.ndarray, preds: np.ndarray, path: Path, bins: int = 10) -> Path:
+    """Observed rate vs mean prediction per prediction decile (the diagonal is perfect calibration)."""
+    order = np.argsort(preds)
+    groups = [g for g in np.array_split(order, bins) if len(g)]
+    mean_pred = [preds[g].mean() for g in groups]
+    observed = [labels[g].mean() for g in groups]
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    top = max([*mean_pred, *observed, 1e-3])
+    ax.plot([0, top], [0, top], color="gray", lw=1)
+    ax.plot(mean_pred, observed, "o-")
+    ax.set_xlabel("mean predicted p(click)")
+    ax.set_ylabel("observed click rate")
+    ax.set_title("calibration (valid)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

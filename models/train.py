@@ -1,0 +1,328 @@
+"""Single-process training of the user model or the ranker (``gemflow train --model user|ranker``).
+
+One epoch = one shuffled pass over the train split (order fixed by ``seed + epoch``), then an evaluation on the
+valid split; early stopping on validation click NE. Sparse embedding rows are updated by a fused row-wise
+Adagrad inside backward (torchrec ``apply_optimizer_in_backward``); dense parameters by AdamW.
+A checkpoint (model, both optimizers, epoch/step, RNG, early-stopping state, MLflow run id) is written
+atomically after every epoch; rerunning the same command resumes from it. Outputs in the run folder:
+``model.pt`` (best weights), ``checkpoint.pt``, ``config.yaml``, ``metrics.json``, ``history.json``, plots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from gemflow.config import save_config
+from gemflow.workspace import Workspace
+from models.config import TrainRunConfig, validate
+from models.data import BatchBuilder, DenseSpec, TrainingSet, leave_one_out_split
+from models.inference import (
+    ModelBundle,
+    atomic_save,
+    batches,
+    build_model,
+    embed_examples,
+    load_bundle,
+    predict,
+    save_bundle,
+)
+from models.metrics import binary_metrics
+from models.tracking import Tracker
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    metrics: dict[str, float]  # final: valid_* and test_* of the best epoch
+    history: list[dict[str, float]]  # one entry per evaluation (epoch 0 = the untrained model)
+    best_epoch: int
+    mlflow_run_id: str | None
+
+
+def resolve_training_set(name_or_path: str, ws: Workspace) -> Path:
+    path = Path(name_or_path)
+    return path if path.is_dir() else ws.training(name_or_path)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------- setup
+@dataclass
+class Setup:
+    data: TrainingSet
+    builder: BatchBuilder
+    bundle: ModelBundle
+    train_rows: np.ndarray
+    valid_rows: np.ndarray
+    test_rows: np.ndarray
+
+
+def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None) -> Setup:
+    """Load the training set, fit the dense normalization on train rows, build batches and the model.
+
+    ``user_embeddings`` (ranker only): (examples, K * d) cached user tokens to use instead of the training
+    set's ``user_embedding`` column (the ablation bench passes what it just embedded).
+    """
+    validate(cfg)
+    seed_everything(cfg.optim.seed)
+    data = TrainingSet(resolve_training_set(cfg.training_set, ws), require_ranker=cfg.model == "ranker")
+    if cfg.split_mode == "leave_one_out":
+        data.examples["split"] = leave_one_out_split(data.examples)
+    train_rows, valid_rows, test_rows = (data.split_rows(s) for s in ("train", "valid", "test"))
+    if len(train_rows) == 0 or len(valid_rows) == 0:
+        raise ValueError(
+            f"{data.path}: need train and valid examples, got {len(train_rows)} train / {len(valid_rows)} valid"
+        )
+    if cfg.optim.max_train_examples and len(train_rows) > cfg.optim.max_train_examples:
+        keep = np.random.default_rng(cfg.optim.seed).choice(
+            len(train_rows), cfg.optim.max_train_examples, replace=False
+        )
+        train_rows = np.sort(train_rows[keep])
+    frame = data.dense_frame()
+    dense = DenseSpec.fit(frame.iloc[train_rows], data.dense_columns())
+
+    user_model_version, token_dim = "", 0
+    if cfg.model == "user":
+        mc = cfg.user_model
+        builder = BatchBuilder(
+            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="last"
+        )
+    else:
+        mc = cfg.ranker
+        present = None
+        if mc.use_user_tokens:
+            user_embeddings, present, user_model_version = _cached_user_tokens(cfg, data, user_embeddings)
+        if user_embeddings is not None:
+            token_dim = user_embeddings.shape[1] // mc.num_user_tokens
+        builder = BatchBuilder(
+            data, dense, history_len=mc.recent_events, time_buckets=mc.time_buckets, gap_to="request",
+            user_embeddings=user_embeddings if mc.use_user_tokens else None, user_present=present,
+            num_user_tokens=mc.num_user_tokens,
+        )  # fmt: skip
+    model = build_model(cfg.model, mc, data.vocab, len(dense.columns), token_dim)
+    init_output_bias(model, data.labels(train_rows).numpy().mean(0))
+    bundle = ModelBundle(cfg.model, model, data.vocab, dense, token_dim, "", user_model_version)
+    return Setup(data, builder, bundle, train_rows, valid_rows, test_rows)
+
+
+def init_output_bias(model: nn.Module, rates: np.ndarray) -> None:
+    """Start the click/conversion logits at the train base rates: the untrained model then predicts the
+    background rate (NE 1.0) and training only has to learn what depends on the inputs."""
+    rates = np.clip(rates, 1e-4, 1 - 1e-4)
+    with torch.no_grad():
+        model.head[-1].bias.copy_(torch.from_numpy(np.log(rates / (1 - rates))).float())
+        model.head[-1].weight.mul_(0.1)
+
+
+def _cached_user_tokens(cfg: TrainRunConfig, data: TrainingSet, given: np.ndarray | None):
+    if given is not None:
+        return given, np.ones(len(given), bool), "given"
+    if cfg.ranker.user_model:
+        user_bundle = load_bundle(cfg.ranker.user_model)
+        emb = embed_examples(user_bundle, data)
+        return emb, np.ones(len(emb), bool), user_bundle.version
+    emb, present, versions = data.user_embeddings()
+    if emb is None:
+        raise ValueError(
+            f"{data.path}: ranker.use_user_tokens=true but the training set has no user_embedding values; "
+            "set ranker.user_model=<user-model run dir> or ranker.use_user_tokens=false (online-only)"
+        )
+    return emb, present, ",".join(versions)
+
+
+# ----------------------------------------------------------------------------------------------- optimizers
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(embedding tables of the torchrec EmbeddingCollection, every other parameter)."""
+    sparse = [p for n, p in model.named_parameters() if ".ec.embeddings." in f".{n}"]
+    ids = {id(p) for p in sparse}
+    return sparse, [p for p in model.parameters() if id(p) not in ids]
+
+
+def make_optimizers(model: nn.Module, cfg) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    sparse, dense = split_parameters(model)
+    apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": cfg.sparse_lr})
+    return sparse, torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def sparse_optimizer_state(sparse: list[nn.Parameter]) -> list[dict]:
+    return [p._in_backward_optimizers[0].state_dict() for p in sparse]
+
+
+def load_sparse_optimizer_state(sparse: list[nn.Parameter], states: list[dict]) -> None:
+    for p, state in zip(sparse, states, strict=True):
+        p._in_backward_optimizers[0].load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------------------------- loop
+def loss_fn(
+    logits: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor, cfg: TrainRunConfig
+) -> torch.Tensor:
+    click = F.binary_cross_entropy_with_logits(logits[:, 0], labels[:, 0])
+    conversion = F.binary_cross_entropy_with_logits(logits[:, 1], labels[:, 1])
+    aux_weight = cfg.user_model.next_event_weight if cfg.model == "user" else 0.0
+    return click + cfg.optim.conversion_weight * conversion + aux_weight * aux
+
+
+def evaluate_rows(model, builder, rows, batch_size, prefix: str) -> dict[str, float]:
+    if len(rows) == 0:
+        return {}
+    probs = predict(model, builder, rows, batch_size)
+    labels = builder.data.labels(rows).numpy()
+    return {
+        **binary_metrics(labels[:, 0], probs[:, 0], f"{prefix}"),
+        **binary_metrics(labels[:, 1], probs[:, 1], f"{prefix}conversion_"),
+    }
+
+
+def default_run_name(cfg: TrainRunConfig) -> str:
+    return cfg.tracking.run_name or f"{cfg.model}-{Path(cfg.training_set).name}"
+
+
+def run_dir_for(cfg: TrainRunConfig, ws: Workspace) -> Path:
+    return Path(cfg.output_dir) if cfg.output_dir else ws.root / "models" / cfg.model / default_run_name(cfg)
+
+
+def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None) -> TrainResult:
+    s = prepare(cfg, ws, user_embeddings)
+    model, oc = s.bundle.model, cfg.optim
+    run_dir = run_dir_for(cfg, ws)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
+    sparse, dense_opt = make_optimizers(model, oc)
+
+    state = {
+        "epoch": 0,
+        "step": 0,
+        "best_ne": math.inf,
+        "best_epoch": 0,
+        "bad_epochs": 0,
+        "history": [],
+        "run_id": None,
+    }
+    ckpt_path = run_dir / CHECKPOINT
+    if cfg.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        dense_opt.load_state_dict(ckpt["optimizer"])
+        load_sparse_optimizer_state(sparse, ckpt["sparse_optimizer"])
+        torch.set_rng_state(ckpt["rng"])
+        state = ckpt["state"]
+        log.info("resumed %s at epoch %d step %d", run_dir, state["epoch"], state["step"])
+
+    tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state["run_id"])
+    state["run_id"] = tracker.run_id
+    s.bundle.version = tracker.run_id or run_dir.name
+    tracker.log_config(cfg)
+    tracker.log_params({"train_examples": len(s.train_rows), "valid_examples": len(s.valid_rows),
+                        "dense_features": ",".join(s.bundle.dense.columns) or "-"})  # fmt: skip
+    if s.bundle.user_model_version:
+        tracker.set_tags({"user_model_version": s.bundle.user_model_version})
+
+    if not state["history"]:  # epoch 0: the untrained model, the baseline every epoch must beat
+        initial = {"epoch": 0, **evaluate_rows(model, s.builder, s.valid_rows, oc.eval_batch_size, "valid_")}
+        state["history"].append(initial)
+        tracker.log_metrics(initial, step=0)
+        save_bundle(run_dir / "model.pt", s.bundle)
+        state["best_ne"] = initial["valid_ne"]
+
+    try:
+        while state["epoch"] < oc.epochs and state["bad_epochs"] < oc.patience:
+            epoch = state["epoch"] + 1
+            model.train()
+            order = np.random.default_rng(oc.seed + epoch).permutation(s.train_rows)
+            losses = []
+            for rows in tqdm(
+                list(batches(order, oc.batch_size)), desc=f"epoch {epoch}/{oc.epochs}", leave=False
+            ):
+                batch = s.builder(rows)
+                logits, aux = model(batch)
+                loss = loss_fn(logits, batch.labels, aux, cfg)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"loss became {loss.item()} at step {state['step']} (lower optim.lr?)"
+                    )
+                dense_opt.zero_grad(set_to_none=True)
+                loss.backward()  # embedding rows are updated here by the fused Adagrad
+                if oc.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(
+                        [p for g in dense_opt.param_groups for p in g["params"]], oc.grad_clip
+                    )
+                dense_opt.step()
+                state["step"] += 1
+                losses.append(loss.item())
+                if state["step"] % oc.log_every == 0:
+                    tracker.log_metrics(
+                        {"train_loss": float(np.mean(losses[-oc.log_every :]))}, step=state["step"]
+                    )
+            metrics = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else float("nan")}
+            metrics |= evaluate_rows(model, s.builder, s.valid_rows, oc.eval_batch_size, "valid_")
+            state["history"].append(metrics)
+            tracker.log_metrics(metrics, step=epoch)
+            log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in metrics.items()})
+            if metrics["valid_ne"] < state["best_ne"]:
+                state.update(best_ne=metrics["valid_ne"], best_epoch=epoch, bad_epochs=0)
+                save_bundle(run_dir / "model.pt", s.bundle)
+            else:
+                state["bad_epochs"] += 1
+            state["epoch"] = epoch
+            atomic_save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": dense_opt.state_dict(),
+                    "sparse_optimizer": sparse_optimizer_state(sparse),
+                    "rng": torch.get_rng_state(),
+                    "state": state,
+                },
+                ckpt_path,
+            )
+        result = _finish(cfg, s, run_dir, state, tracker)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    tracker.end()
+    return result
+
+
+def _finish(cfg, s: Setup, run_dir: Path, state: dict, tracker: Tracker) -> TrainResult:
+    """Reload the best weights, score valid and test, write metrics + plots next to the model."""
+    best = load_bundle(run_dir / "model.pt")
+    oc = cfg.optim
+    final = {"best_epoch": float(state["best_epoch"])}
+    final |= evaluate_rows(best.model, s.builder, s.valid_rows, oc.eval_batch_size, "valid_")
+    final |= evaluate_rows(best.model, s.builder, s.test_rows, oc.eval_batch_size, "test_")
+    final["initial_valid_ne"] = state["history"][0]["valid_ne"]
+    (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
+    (run_dir / "history.json").write_text(json.dumps(state["history"], indent=2))
+    tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state["epoch"])
+    from models.plots import calibration_plot, learning_curve_plot
+
+    probs = predict(best.model, s.builder, s.valid_rows, oc.eval_batch_size)
+    labels = s.data.labels(s.valid_rows).numpy()
+    plots = [
+        learning_curve_plot(state["history"], run_dir / "learning_curve.png"),
+        calibration_plot(labels[:, 0], probs[:, 0], run_dir / "calibration.png"),
+    ]
+    for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
+        tracker.log_artifact(path)
+    return TrainResult(run_dir, final, state["history"], state["best_epoch"], tracker.run_id)
