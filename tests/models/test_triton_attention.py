@@ -4,7 +4,8 @@ Triton reads ``TRITON_INTERPRET`` when it is imported, and any other test of the
 imported it first. So the tests that pytest collects here (the *launchers*) only start a fresh interpreter:
 ``python -m pytest`` on this same file with ``TRITON_INTERPRET=1`` and ``GEMFLOW_TRITON_KERNEL_TESTS=1`` set,
 in which the *kernel tests* below are defined and run on CPU tensors. With ``GEMFLOW_TRITON_DEVICE=cuda`` (the
-``gpu`` launcher) the same kernel tests run compiled on a GPU instead.
+``gpu`` launcher) the same kernel tests run compiled on a GPU instead. The *compile tests* need no GPU either:
+Triton compiles the real kernels for Hopper (sm_90) here and ptxas checks that they fit the chip.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if not KERNEL_TESTS:
 
     def _run_kernel_tests(selection: str, *, device: str = "cpu", timeout_s: int = 600) -> None:
         env = {**os.environ, "GEMFLOW_TRITON_KERNEL_TESTS": "1", "GEMFLOW_TRITON_DEVICE": device}
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is its default
         if device == "cpu":
             env["TRITON_INTERPRET"] = "1"
         else:
@@ -59,6 +61,10 @@ if not KERNEL_TESTS:
     def test_kernels_match_reference_on_random_jagged_batches():
         _run_kernel_tests("prop_")
 
+    @pytest.mark.integration
+    def test_kernels_compile_for_hopper():
+        _run_kernel_tests("compile_", device="compile")
+
     @pytest.mark.gpu
     def test_kernels_compiled_on_cuda():
         import torch
@@ -68,6 +74,8 @@ if not KERNEL_TESTS:
         _run_kernel_tests("case_ or prop_", device="cuda")
 
 else:
+    import inspect
+
     import torch
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -75,7 +83,9 @@ else:
     from models.attention import dispatch, reference
     from models.attention import triton as tri
 
-    DEVICE = torch.device(os.environ.get("GEMFLOW_TRITON_DEVICE", "cpu"))
+    # "compile" runs only the compile tests: real (not interpreted) Triton, CPU tensors for nothing else.
+    MODE = os.environ.get("GEMFLOW_TRITON_DEVICE", "cpu")
+    DEVICE = torch.device("cpu" if MODE == "compile" else MODE)
     # Max error relative to the reference's largest magnitude. Tight for fp32 (IEEE dots on both sides); bf16
     # rounds P, dS and O before their matmuls as flash kernels do (measured up to ~1.5e-2 at these shapes).
     TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 4e-2}
@@ -364,3 +374,59 @@ else:
     )
     def test_prop_cross_attention_matches_reference(pairs, heads, head_dim, dtype, seed):
         _cross_case([p[0] for p in pairs], [p[1] for p in pairs], heads, head_dim, dtype, seed)
+
+    # -------------------------------------------------------------------------- compiled for sm_90, no GPU needed
+
+    HOPPER_SHARED_MEMORY = 232448  # bytes of shared memory one block may opt into on sm_90
+    _POINTER_TYPES = {
+        "OUT32": "*fp32", "LSE": "*fp32", "DELTA": "*fp32", "DPOS": "*fp32", "DTIME": "*fp32",
+        "pos_bias": "*fp32", "time_bias": "*fp32", "ts": "*i64",
+        "q_offsets": "*i64", "kv_offsets": "*i64", "sched_seq": "*i32", "sched_start": "*i32",
+    }  # fmt: skip
+
+    def _signature(kernel, value_type: str, constexprs: dict) -> dict[str, str]:
+        """Argument types as the launchers pass them: value tensors, fp32 side buffers, int sizes/strides."""
+        sig = {}
+        for name in inspect.signature(kernel.fn).parameters:
+            if name in constexprs:
+                sig[name] = "constexpr"
+            elif name in ("Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"):
+                sig[name] = value_type
+            elif name == "sm_scale":
+                sig[name] = "fp32"
+            else:
+                sig[name] = _POINTER_TYPES.get(name, "i32")
+        return sig
+
+    @pytest.mark.parametrize(
+        ("dtype", "head_dim"),
+        [(torch.bfloat16, 64), (torch.bfloat16, 128), (torch.float16, 32), (torch.float32, 64)],
+    )
+    def test_compile_all_kernels_fit_hopper(dtype, head_dim):
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        value_type = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
+        cfgs = tri._configs(head_dim, dtype, torch.device("cuda"))
+        flags = dict(CAUSAL=True, HAS_POS=True, HAS_TIME=True, BLOCK_D=head_dim, UPCAST=False,
+                     PRECISION=tri._precision(dtype)[0])  # fmt: skip
+        kernels = [
+            (tri._fwd_kernel, cfgs["fwd"], dict(STORE_OUT32=True)),
+            (tri._bwd_dkdv_kernel, cfgs["dkdv"], {}),
+            (tri._bwd_dq_kernel, cfgs["dq"], dict(POS_GRAD=True, TIME_GRAD=True, POS_BINS=64, TIME_BINS=32)),
+        ]
+        for kernel, cfg, extra in kernels:
+            constexprs = dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **extra)
+            compiled = triton.compile(
+                ASTSource(
+                    fn=kernel, signature=_signature(kernel, value_type, constexprs), constexprs=constexprs
+                ),
+                target=GPUTarget("cuda", 90, 32),
+                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+            )
+            assert compiled.asm["cubin"], f"{kernel.fn.__name__}: no cubin"
+            shared = compiled.metadata.shared
+            assert shared <= HOPPER_SHARED_MEMORY, (
+                f"{kernel.fn.__name__}: {shared} B of shared memory > sm_90's"
+            )
