@@ -1,14 +1,26 @@
 """MLflow model registry: pickle-free model logging, the champion/challenger gate, rollback, the tracking server."""
 
-from models.registry.gate import GateConfig, GateDecision, rollback, run_gate
-from models.registry.logging import LoggedModel, load_torch_model, log_torch_model
+from models.registry.gate import (
+    CHALLENGER,
+    CHAMPION,
+    GateConfig,
+    GateDecision,
+    champion_version,
+    rollback,
+    run_gate,
+)
+from models.registry.logging import REGISTERED_NAMES, RegisteredVersion, load_registered, register_bundle
 
 __all__ = [
+    "CHALLENGER",
+    "CHAMPION",
+    "REGISTERED_NAMES",
     "GateConfig",
     "GateDecision",
-    "LoggedModel",
-    "load_torch_model",
-    "log_torch_model",
+    "RegisteredVersion",
+    "champion_version",
+    "load_registered",
+    "register_bundle",
     "rollback",
     "run_gate",
 ]

@@ -1,84 +1,90 @@
-"""Log a gemflow torch model to MLflow without pickles: state dict + JSON spec + the models-from-code loader."""
+"""Register a trained gemflow model in MLflow: the pickle-free bundle, a signature, an input example, the
+training set as the run's input dataset, and the training config."""
 
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import numpy as np
-import torch
+from mlflow.models import infer_signature
+
+from models.data import TrainingSet
+from models.inference import MODEL_FILE, load_bundle
+from models.registry.flat import to_frame
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
+REGISTERED_NAMES = {"user": "gem-user-model", "ranker": "gem-ranker"}
 
 
 @dataclass(frozen=True)
-class LoggedModel:
+class RegisteredVersion:
     name: str
     version: str
-    model_uri: str  # models:/name/version
     run_id: str
 
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
 
-def log_torch_model(
-    model: torch.nn.Module,
-    *,
-    registered_name: str,
-    factory: str,
-    predict: str,
-    model_config: dict[str, Any],
-    input_example: dict[str, np.ndarray],
-    training_set: str | None = None,
-    tags: dict[str, str] | None = None,
-) -> LoggedModel:
-    """Log into the active run (one is started if none is) and register a new version of ``registered_name``.
 
-    ``factory`` / ``predict`` are ``models.<module>:<function>`` paths: ``factory(model_config) -> nn.Module``
-    and ``predict(module, inputs) -> dict[str, np.ndarray]``. ``training_set`` (a path) is recorded as the run's
-    input dataset so every version points at the data it learned from.
-    """
-    spec = {"factory": factory, "predict": predict, "model_config": model_config}
+def register_bundle(
+    run_dir: Path, training_set: Path, *, name: str | None = None, example_rows: int = 3
+) -> RegisteredVersion:
+    """Log ``run_dir/model.pt`` into the active MLflow run (one is started if none is) and register it."""
+    bundle = load_bundle(run_dir)
+    name = name or REGISTERED_NAMES[bundle.kind]
+    data = TrainingSet(training_set)
+    rows = data.split_rows("test")[:example_rows]
+    if len(rows) == 0:
+        rows = np.arange(min(example_rows, len(data.examples)))
+    history = bundle.cfg.max_history if bundle.kind == "user" else bundle.cfg.recent_events
+    example = to_frame(data, rows, history)
+
+    from models.registry.pyfunc_model import GemModel
+
+    loaded = GemModel()
+    loaded.load_context(type("Ctx", (), {"artifacts": {"bundle": str(run_dir / MODEL_FILE)}})())
+    signature = infer_signature(example, loaded.predict(None, example))
+
     active = mlflow.active_run()
-    run = active or mlflow.start_run()
+    run = active or mlflow.start_run(run_name=f"register-{bundle.kind}-{run_dir.name}")
     try:
-        if training_set:
-            _log_training_set(training_set)
-        with tempfile.TemporaryDirectory() as tmp:
-            weights = Path(tmp) / "weights.pt"
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, weights)
-            spec_path = Path(tmp) / "spec.json"
-            spec_path.write_text(json.dumps(spec, indent=2, sort_keys=True))
-            info = mlflow.pyfunc.log_model(
-                name=registered_name,
-                python_model=str(PYFUNC_CODE),
-                artifacts={"weights": str(weights), "spec": str(spec_path)},
-                input_example=input_example,
-                registered_model_name=registered_name,
-                tags=tags,
-            )
+        mlflow.log_input(_dataset(data), context="training")
+        for extra in ("config.yaml", "metrics.json"):
+            if (run_dir / extra).exists():
+                mlflow.log_artifact(str(run_dir / extra), artifact_path="training")
+        info = mlflow.pyfunc.log_model(
+            name=name,
+            python_model=str(PYFUNC_CODE),
+            artifacts={"bundle": str(run_dir / MODEL_FILE)},
+            signature=signature,
+            input_example=example,
+            registered_model_name=name,
+            tags={"gemflow.kind": bundle.kind, "gemflow.run_dir": run_dir.name},
+        )
         version = str(info.registered_model_version)
-        return LoggedModel(registered_name, version, f"models:/{registered_name}/{version}", run.info.run_id)
+        client = mlflow.MlflowClient()
+        client.set_model_version_tag(name, version, "gemflow.training_set", str(training_set))
+        if bundle.user_model_version:
+            client.set_model_version_tag(
+                name, version, "gemflow.user_model_version", bundle.user_model_version
+            )
+        return RegisteredVersion(name, version, run.info.run_id)
     finally:
         if active is None:
             mlflow.end_run()
 
 
-def _log_training_set(path: str) -> None:
-    import pandas as pd
-
-    manifest = Path(path) / "manifest.json"
-    meta = json.loads(manifest.read_text()) if manifest.exists() else {}
-    df = pd.DataFrame(
-        [{"path": str(path), **{k: str(v) for k, v in meta.items() if not isinstance(v, dict)}}]
-    )
-    dataset = mlflow.data.from_pandas(df, source=str(path), name=Path(path).name)
-    mlflow.log_input(dataset, context="training")
+def _dataset(data: TrainingSet):
+    manifest = {k: v for k, v in data.manifest.items() if not isinstance(v, dict | list)}
+    frame = data.examples[["example_id", "user_id", "ad_id", "ts", "click", "conversion", "split"]]
+    frame = frame.assign(manifest=json.dumps(manifest, sort_keys=True)).head(1000)  # a sample, not the data
+    return mlflow.data.from_pandas(frame, source=str(data.path), name=data.path.name, targets="click")
 
 
-def load_torch_model(model_uri: str) -> torch.nn.Module:
-    """The underlying nn.Module of a logged gemflow model (e.g. ``models:/gem-ranker@champion``)."""
-    pyfunc = mlflow.pyfunc.load_model(model_uri)
-    return pyfunc.unwrap_python_model().model
+def load_registered(model_uri: str):
+    """The ``ModelBundle`` behind a registered version (``models:/gem-ranker@champion``)."""
+    return mlflow.pyfunc.load_model(model_uri).unwrap_python_model().bundle

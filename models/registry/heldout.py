@@ -1,0 +1,31 @@
+"""The gate's judge: score a registered version on the same held-out split as every other version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.data import TrainingSet
+from models.inference import predict
+from models.metrics import binary_metrics
+from models.registry.logging import load_registered
+from models.registry.scoring import batch_builder
+
+
+def heldout_metrics(
+    model_uri: str, data: TrainingSet, split: str = "test", batch_size: int = 1024
+) -> dict[str, float]:
+    """NE, AUC and calibration of the click head (plus ``conversion_*``) on ``split``."""
+    rows = data.split_rows(split)
+    if len(rows) == 0:
+        raise ValueError(f"{data.path} has no {split!r} rows to judge models on")
+    bundle = load_registered(model_uri)
+    probs = predict(bundle.model, batch_builder(bundle, data), rows, batch_size)
+    labels = data.labels(rows).numpy()
+    return binary_metrics(labels[:, 0], probs[:, 0]) | binary_metrics(
+        labels[:, 1], probs[:, 1], "conversion_"
+    )
+
+
+def evaluator(training_set: Path, split: str = "test"):
+    data = TrainingSet(training_set)
+    return lambda uri: heldout_metrics(uri, data, split)
