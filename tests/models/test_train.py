@@ -1,0 +1,172 @@
+"""Single-process training: learning, early-stopping state, resumable checkpoints, MLflow tracking, CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gemflow.cli import app
+from gemflow.config import load_config
+from gemflow.workspace import Workspace
+from models.config import TrainRunConfig
+from models.train import CHECKPOINT, train
+from tests.models.fixtures import write_training_set
+
+SMALL = {
+    "training_set": "fx",
+    "optim.epochs": 2,
+    "optim.batch_size": 32,
+    "optim.patience": 5,
+    "user_model.d_model": 16,
+    "user_model.num_layers": 1,
+    "user_model.num_heads": 2,
+    "user_model.max_history": 32,
+    "user_model.num_user_tokens": 2,
+    "ranker.d_model": 16,
+    "ranker.num_heads": 2,
+    "ranker.recent_events": 16,
+}
+
+
+@functools.cache
+def _workspace(root: str) -> Workspace:
+    ws = Workspace(Path(root))
+    write_training_set(ws.training("fx"), num_users=60, num_ads=40, num_categories=6, seed=7)
+    return ws
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Workspace:
+    return _workspace(str(tmp_path_factory.mktemp("train-ws")))
+
+
+@pytest.fixture(scope="module")
+def straight(ws):
+    cfg = load_config(TrainRunConfig, None, {**SMALL, "output_dir": str(ws.root / "runs" / "straight")})
+    return train(cfg, ws)
+
+
+@pytest.mark.integration  # real training runs and MLflow (~20 s each on 2 shared cores)
+def test_two_epochs_improve_validation_ne(straight):
+    initial = straight.history[0]["valid_ne"]
+    trained = [h["valid_ne"] for h in straight.history[1:]]
+    assert len(trained) == 2
+    assert min(trained) < initial, straight.history
+    assert straight.metrics["valid_ne"] == pytest.approx(min([initial, *trained]), rel=1e-6)
+    for name in ("valid_auc", "valid_calibration", "test_ne", "valid_conversion_ne"):
+        assert name in straight.metrics
+
+
+@pytest.mark.integration  # real training runs and MLflow (~20 s each on 2 shared cores)
+def test_outputs_next_to_the_model(straight):
+    run = straight.run_dir
+    for name in (
+        "model.pt",
+        CHECKPOINT,
+        "config.yaml",
+        "metrics.json",
+        "history.json",
+        "learning_curve.png",
+        "calibration.png",
+    ):
+        assert (run / name).exists(), name
+    assert json.loads((run / "metrics.json").read_text())["valid_ne"] == pytest.approx(
+        straight.metrics["valid_ne"]
+    )
+    ckpt = torch.load(
+        run / CHECKPOINT, map_location="cpu", weights_only=True
+    )  # plain tensors and values only
+    assert ckpt["state"]["epoch"] == 2 and ckpt["state"]["step"] > 0
+    assert ckpt["sparse_optimizer"] and "optimizer" in ckpt and "rng" in ckpt
+
+
+@pytest.mark.integration  # real training runs and MLflow (~20 s each on 2 shared cores)
+def test_resume_reaches_the_same_result(ws, straight):
+    out = str(ws.root / "runs" / "resumed")
+    first = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out, "optim.epochs": 1}), ws)
+    assert len(first.history) == 2
+    resumed = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out}), ws)
+    assert resumed.mlflow_run_id == first.mlflow_run_id  # the same MLflow run continues
+    for a, b in zip(straight.history, resumed.history, strict=True):
+        assert a["valid_ne"] == pytest.approx(b["valid_ne"], rel=1e-5, abs=1e-7)
+    assert resumed.metrics["test_ne"] == pytest.approx(straight.metrics["test_ne"], rel=1e-5)
+
+
+@pytest.mark.integration  # real training runs and MLflow (~20 s each on 2 shared cores)
+def test_mlflow_run_has_metrics_params_and_artifacts(ws, straight):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ws.mlflow / 'mlflow.db'}")
+    run = client.get_run(straight.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["user_model.d_model"] == "16"
+    assert {"valid_ne", "valid_auc", "valid_calibration", "train_loss", "final_test_ne"} <= set(
+        run.data.metrics
+    )
+    assert len(client.get_metric_history(run.info.run_id, "valid_ne")) == 3  # untrained + 2 epochs
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"learning_curve.png", "calibration.png", "config.yaml", "metrics.json"} <= artifacts
+
+
+@pytest.mark.integration  # real training runs and MLflow (~20 s each on 2 shared cores)
+def test_ranker_trains_on_user_model_tokens_via_cli(ws, straight):
+    runner = CliRunner()
+    sets = [
+        f"{k}={v}"
+        for k, v in {**SMALL, "optim.epochs": 1, "ranker.user_model": str(straight.run_dir)}.items()
+    ]
+    args = ["train", "--model", "ranker", "--workspace", str(ws.root)]
+    for s in [*sets, f"output_dir={ws.root / 'runs' / 'ranker'}", "tracking.enabled=false"]:
+        args += ["--set", s]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output[result.output.index("{") :])
+    assert metrics["valid_ne"] > 0 and "test_auc" in metrics
+    evaluated = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--run",
+            str(ws.root / "runs" / "ranker"),
+            "--training-set",
+            "fx",
+            "--workspace",
+            str(ws.root),
+        ],
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.output[evaluated.output.index("{") :])["test_ne"] == pytest.approx(
+        metrics["test_ne"]
+    )
+
+
+def test_bad_input_is_a_clear_error(ws):
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["train", "--model", "user", "--training-set", "nope", "--workspace", str(ws.root)]
+    )
+    assert result.exit_code == 2 and "not a training set" in result.output
+    result = runner.invoke(
+        app, ["train", "--model", "bert", "--training-set", "fx", "--workspace", str(ws.root)]
+    )
+    assert result.exit_code == 2 and "model must be 'user' or 'ranker'" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "ranker",
+            "--training-set",
+            "fx",
+            "--workspace",
+            str(ws.root),
+            "--set",
+            "tracking.enabled=false",
+        ],
+    )
+    assert result.exit_code == 2 and "no user_embedding values" in result.output
