@@ -19,7 +19,7 @@ from pathlib import Path
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException
 
-GATE_FAILED_EXIT = 3  # keep in sync with gemflow.commands.common.GATE_FAILED_EXIT
+GATE_FAILED_EXIT = 3  # keep in sync with gemflow.commands.ingest.GATE_FAILED_EXIT
 
 # Assets chain the DAGs: each stage publishes what the next one is scheduled on.
 FEATURES = Asset(name="gemflow.features", uri="gemflow://features/ingested")
