@@ -242,3 +242,57 @@ def test_multi_process_refresh_equals_single_process(ws, landed):
     assert summary["nproc"] == 2
     multi = pq.read_table(ws.offline("user_embedding", DAYS[3])).to_pandas().set_index("user_id")
     np.testing.assert_allclose(np.stack(multi.loc[seqs.user_ids, "user_embedding"]), single, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- registry
+@pytest.fixture
+def mlflow_server(tmp_path):
+    import mlflow
+
+    from models.registry.server import start_server
+    from tests.models.registry.test_gate import free_port
+
+    port = free_port()
+    proc = start_server(tmp_path / "mlflow", port=port)
+    previous = mlflow.get_tracking_uri()
+    url = f"http://127.0.0.1:{port}"
+    mlflow.set_tracking_uri(url)
+    yield url
+    mlflow.set_tracking_uri(previous)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_refresh_from_the_registry_champion_records_its_version(ws, landed, mlflow_server):
+    from mlflow import MlflowClient
+
+    from models.registry import register_bundle
+
+    client = MlflowClient()
+    data = ws.training("vocab")
+    first = register_bundle(landed[1]["v1"].parent, data)
+    second = register_bundle(landed[1]["v2"].parent, data)
+    client.set_registered_model_alias(first.name, "champion", first.version)
+    cfg = {"tracking_uri": mlflow_server}
+    assert refresh(ws, Path("models:/gem-user-model@champion"), DAYS[1], **cfg)["model_version"] == (
+        f"gem-user-model/{first.version}"
+    )
+    client.set_registered_model_alias(second.name, "champion", second.version)
+    summary = refresh(ws, Path("models:/gem-user-model@champion"), DAYS[2], **cfg)
+    assert summary["model_version"] == f"gem-user-model/{second.version}"
+    assert summary["resolved_uri"] == f"models:/gem-user-model/{second.version}"
+    assert online(ws, USERS)["model_version"] == [f"gem-user-model/{second.version}"] * len(USERS)
+
+    # the ranker champion's expectation comes from its registry tag
+    client.create_registered_model("gem-ranker")
+    mv = client.create_model_version("gem-ranker", source=first.uri)
+    client.set_model_version_tag(
+        "gem-ranker", mv.version, "gemflow.user_model_version", summary["model_version"]
+    )
+    client.set_registered_model_alias("gem-ranker", "champion", mv.version)
+    ranker, expected = expected_versions("models:/gem-ranker@champion", mlflow_server)
+    assert (ranker, expected) == (f"gem-ranker/{mv.version}", [summary["model_version"]])
+    assert check_versions(open_store(ws), ranker, expected, np.array(USERS)).status == "ok"
+    with pytest.raises(LookupError, match="cannot load models:/gem-user-model@nope"):
+        load_champion("models:/gem-user-model@nope", mlflow_server)
