@@ -29,6 +29,21 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(code=BAD_INPUT_EXIT)
 
 
+def _train_distributed(cfg, ws) -> None:
+    from models.data import TrainingSetError
+    from models.distributed.launch import DistributedRunError, launch
+
+    try:
+        run_dir = launch(cfg, ws)
+    except (TrainingSetError, ValueError, FileNotFoundError) as err:
+        raise _fail(err) from err
+    except DistributedRunError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from err
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    typer.echo(json.dumps({"run_dir": str(run_dir), **metrics}, indent=2))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
@@ -42,6 +57,12 @@ def register(app: typer.Typer) -> None:
         cfg_path: ConfigOpt = None,
         overrides: SetOpt = None,
         ws: WorkspaceOpt = None,
+        nproc: Annotated[
+            int | None,
+            typer.Option(
+                "--nproc", help="Distributed user-model training on N ranks (DeepSpeed + torchrec)."
+            ),
+        ] = None,
     ) -> None:
         """Train the user model or the ranker (single process), tracked in MLflow; resumes from its checkpoint."""
         from models.config import TrainRunConfig
@@ -49,7 +70,11 @@ def register(app: typer.Typer) -> None:
         from models.train import train
 
         _logging()
-        cfg = config(TrainRunConfig, cfg_path, overrides, model=model, training_set=training_set)
+        flags = {"model": model, "training_set": training_set, "distributed.nproc": nproc}
+        cfg = config(TrainRunConfig, cfg_path, overrides, **flags)
+        if nproc is not None:  # hand off to the distributed launcher (models/distributed/launch.py)
+            _train_distributed(cfg, workspace(ws))
+            return
         try:
             result = train(cfg, workspace(ws))
         except (TrainingSetError, ValueError, FileNotFoundError) as err:
