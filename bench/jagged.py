@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.attention import dispatch  # noqa: E402
-from models.attention.jagged import length_class  # noqa: E402
+from models.attention.jagged import plan_cross, plan_self  # noqa: E402
 
 CASES = {
     "self-causal-bias": "causal self-attention + relative position and time bias (the user model's layer)",
@@ -131,20 +131,21 @@ def worker(case: str, backend: str, cfg: Settings) -> dict:
 
 
 def layout_figures(case: str, cfg: Settings) -> dict:
-    """How much padding each layout computes on (attention cells: query x key pairs incl. padding)."""
+    """How much each layout computes on: attention cells (query x key pairs, padding included) / real cells."""
     _, kv_lens, q_lens = make_inputs(case, cfg)
     real = float((q_lens * kv_lens).sum())
     padded_ref = cfg.batch * float(q_lens.max()) * float(kv_lens.max())
-    classes = length_class(kv_lens) * 1000 + length_class(q_lens)
-    jagged_cells, buckets = 0.0, 0
-    for cls in classes.unique():
-        members = classes == cls
-        jagged_cells += int(members.sum()) * float(q_lens[members].max()) * float(kv_lens[members].max())
-        buckets += 1
+    if case == "cross":
+        q_plan, kv_plan = plan_cross(offsets_of(q_lens), offsets_of(kv_lens))
+        pairs = zip(q_plan.buckets, kv_plan.buckets, strict=True)
+    else:
+        plan = plan_self(offsets_of(kv_lens))
+        pairs = zip(plan.buckets, plan.buckets, strict=True)
+    jagged_cells = sum(q.size * kv.max_len for q, kv in pairs)
     return {
         "mean_fill": float(kv_lens.float().mean()) / float(kv_lens.max()),
         "max_len": int(kv_lens.max()),
-        "buckets": buckets,
+        "buckets": len(kv_plan.buckets if case == "cross" else plan.buckets),
         "ref_cells_over_real": padded_ref / real,
         "jagged_cells_over_real": jagged_cells / real,
     }

@@ -4,9 +4,10 @@ Same ops and signatures as ``models.attention.reference`` (read its docstring fo
 position / time bias and the empty-sequence semantics). How it avoids padding:
 
 1. ``plan_self`` / ``plan_cross`` group the non-empty sequences by length class (all lengths up to ``SHORT_LEN``
-   share one class; above it, classes grow geometrically by ``1 + PAD_BUDGET``), so a bucket padded to its own
-   longest sequence wastes at most ``PAD_BUDGET`` of its tokens. Indices come from the offsets in a few
-   vectorized ops; the only Python loop is over buckets (a few dozen at most), never over sequences.
+   share one class; above it, classes grow geometrically by ``1 + PAD_BUDGET``, so a class padded to its own
+   longest sequence wastes at most ``PAD_BUDGET`` of its tokens), then merge neighbouring classes where one
+   kernel call fewer saves more than the padding it adds (``merge_groups``). Indices come from the offsets in
+   a few vectorized ops; Python loops run over classes and buckets (a few dozen), never over sequences.
 2. One copy moves the rows into a zero-padded buffer holding every bucket's dense (n, L_b, H, D) block
    (``_MoveRows``: no row repeats, so its backward is the reverse copy, not a scatter-add).
 3. Each bucket runs ``torch.nn.functional.scaled_dot_product_attention``: the fused CPU kernel when no bias needs
@@ -33,6 +34,10 @@ from models.attention.reference import pos_bucket, time_bucket
 
 PAD_BUDGET = 0.125  # at most this fraction of a bucket's tokens is padding (above SHORT_LEN)
 SHORT_LEN = 16  # sequences this short share one bucket: their padding costs less than another kernel call
+# One more SDPA call (forward + backward, ~a dozen kernels) costs about as much as this many attention cells
+# (query x key pairs); neighbouring length classes merge while that saves more than their padding adds. Calls
+# count for more on a busy machine, where every parallel region waits for descheduled threads.
+LAUNCH_CELLS = 32_768
 
 
 # ---------------------------------------------------------------------------------------------------- layout
@@ -84,6 +89,33 @@ def group_sequences(classes: torch.Tensor, keep: torch.Tensor) -> list[torch.Ten
     return list(torch.split(kept[order], counts.tolist()))
 
 
+def merge_groups(
+    groups: list[torch.Tensor], q_lens: torch.Tensor, kv_lens: torch.Tensor, launch_cells: int | None = None
+) -> list[torch.Tensor]:
+    """Merge runs of neighbouring groups to minimize padded attention cells + ``launch_cells`` per bucket.
+
+    A bucket of n sequences costs n * max_q * max_kv cells. Exact dynamic programme over contiguous runs of the
+    (length-ordered) groups: O(groups^2) steps on a few dozen groups, never on sequences.
+    """
+    launch_cells = LAUNCH_CELLS if launch_cells is None else launch_cells
+    counts = [g.numel() for g in groups]
+    max_q = [int(q_lens[g].max()) for g in groups]
+    max_kv = [int(kv_lens[g].max()) for g in groups]
+    best, start = [0.0] + [math.inf] * len(groups), [0] * (len(groups) + 1)
+    for end in range(1, len(groups) + 1):
+        n = mq = mk = 0
+        for first in range(end - 1, -1, -1):  # bucket = groups[first:end]
+            n, mq, mk = n + counts[first], max(mq, max_q[first]), max(mk, max_kv[first])
+            cost = best[first] + n * mq * mk + launch_cells
+            if cost < best[end]:
+                best[end], start[end] = cost, first
+    merged, end = [], len(groups)
+    while end > 0:
+        merged.append(torch.cat(groups[start[end] : end]))
+        end = start[end]
+    return merged[::-1]
+
+
 def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
     """Stack the dense blocks of the given groups of non-empty sequences of ``offsets``."""
     buckets, rows, slots, start = [], [], [], 0
@@ -102,9 +134,9 @@ def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
 
 
 def plan_self(offsets: torch.Tensor) -> Layout:
-    """Buckets of the non-empty sequences of ``offsets``, grouped by ``length_class``."""
+    """Buckets of the non-empty sequences of ``offsets``: ``length_class`` groups, merged by ``merge_groups``."""
     lens = offsets[1:] - offsets[:-1]
-    return layout(group_sequences(length_class(lens), lens > 0), offsets)
+    return layout(merge_groups(group_sequences(length_class(lens), lens > 0), lens, lens), offsets)
 
 
 def plan_cross(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[Layout, Layout]:
@@ -114,7 +146,7 @@ def plan_cross(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[Layou
     # A sequence costs (its query length x its key length): bucket on both length classes.
     q_cls = length_class(q_lens)
     classes = length_class(kv_lens) * (int(q_cls.max()) + 1 if q_cls.numel() else 1) + q_cls
-    groups = group_sequences(classes, (q_lens > 0) & (kv_lens > 0))
+    groups = merge_groups(group_sequences(classes, (q_lens > 0) & (kv_lens > 0)), q_lens, kv_lens)
     return layout(groups, q_offsets), layout(groups, kv_offsets)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -69,11 +71,21 @@ def self_inputs(lens, heads, dim, causal, pos_r, time_t, dtype, seed) -> dict:
     return inputs
 
 
-def check_self(lens, heads, dim, causal, pos_r, time_t, dtype, seed, tol) -> None:
+def launch_cells(value: int):
+    """Set the planner's per-call cost: 0 keeps every length class its own bucket, so tiny test batches still
+    run through many buckets; the default merges them (both layouts must match the reference)."""
+    return patch.object(jagged, "LAUNCH_CELLS", value)
+
+
+launch_costs = st.sampled_from([0, jagged.LAUNCH_CELLS])
+
+
+def check_self(lens, heads, dim, causal, pos_r, time_t, dtype, seed, tol, launch=0) -> None:
     inputs = self_inputs(lens, heads, dim, causal, pos_r, time_t, dtype, seed)
     weights = torch.randn(inputs["q"].shape, generator=torch.Generator().manual_seed(seed + 1))
     ref_out, ref_grads = run_self(reference, inputs, weights)
-    out, grads = run_self(jagged, inputs, weights)
+    with launch_cells(launch):
+        out, grads = run_self(jagged, inputs, weights)
     assert out.dtype == dtype and out.shape == inputs["q"].shape
     assert_close(out, ref_out, **tol, what="output")
     for name, grad, ref_grad in zip(("q", "k", "v", "pos_bias", "time_bias"), grads, ref_grads, strict=True):
@@ -98,9 +110,10 @@ bias_t = st.none() | st.integers(1, 8)
     pos_r=bias_r,
     time_t=bias_t,
     seed=st.integers(0, 2**31 - 1),
+    launch=launch_costs,
 )
-def test_self_attention_matches_reference_fp32(lens, heads, dim, causal, pos_r, time_t, seed):
-    check_self(lens, heads, dim, causal, pos_r, time_t, torch.float32, seed, FP32)
+def test_self_attention_matches_reference_fp32(lens, heads, dim, causal, pos_r, time_t, seed, launch):
+    check_self(lens, heads, dim, causal, pos_r, time_t, torch.float32, seed, FP32, launch)
 
 
 @settings(max_examples=25, deadline=None)
@@ -109,10 +122,13 @@ def test_self_attention_matches_reference_bf16(lens, causal, pos_r, time_t, seed
     check_self(lens, 2, 8, causal, pos_r, time_t, torch.bfloat16, seed, BF16)
 
 
+@pytest.mark.parametrize("launch", [0, jagged.LAUNCH_CELLS])
 @pytest.mark.parametrize("causal", [False, True])
-def test_self_attention_spanning_many_buckets(causal):
-    """Lengths across the short bucket and several geometric ones, with both biases (the user model's layer)."""
-    check_self([0, 1, 2, 16, 17, 19, 33, 70, 0, 101], 2, 8, causal, 8, 12, torch.float32, 7, FP32)
+def test_self_attention_spanning_many_buckets(causal, launch):
+    """Lengths across the short class and several geometric ones, with both biases (the user model's layer)."""
+    check_self(
+        [0, 1, 2, 16, 17, 19, 33, 70, 0, 101, 250], 2, 8, causal, 8, 12, torch.float32, 7, FP32, launch
+    )
 
 
 def test_empty_batch_and_all_empty_sequences():
@@ -156,14 +172,16 @@ def run_cross(module, inputs, weights):
     heads=st.integers(1, 3),
     bf16=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
+    launch=launch_costs,
 )
-def test_cross_attention_matches_reference(pairs, heads, bf16, seed):
+def test_cross_attention_matches_reference(pairs, heads, bf16, seed, launch):
     q_lens, kv_lens = [p[0] for p in pairs], [p[1] for p in pairs]
     dtype, tol = (torch.bfloat16, BF16) if bf16 else (torch.float32, FP32)
     inputs = cross_inputs(q_lens, kv_lens, heads, 8, dtype, seed)
     weights = torch.randn(inputs["q"].shape, generator=torch.Generator().manual_seed(seed + 1))
     ref_out, ref_grads = run_cross(reference, inputs, weights)
-    out, grads = run_cross(jagged, inputs, weights)
+    with launch_cells(launch):
+        out, grads = run_cross(jagged, inputs, weights)
     assert out.dtype == dtype and out.shape == inputs["q"].shape
     assert_close(out, ref_out, **tol, what="output")
     for name, grad, ref_grad in zip("qkv", grads, ref_grads, strict=True):
@@ -193,21 +211,63 @@ def test_cross_attention_many_candidates_against_one_sequence():
 
 
 # ---------------------------------------------------------------------------------------------------- layout
+def self_cost(plan) -> int:
+    """Attention cells computed (padding included) plus the launch cost per bucket: what the planner minimizes."""
+    return sum(b.size * b.max_len + jagged.LAUNCH_CELLS for b in plan.buckets)
+
+
 @settings(max_examples=100, deadline=None)
 @given(lens=st.lists(st.integers(0, 2_000), min_size=0, max_size=40))
-def test_buckets_cover_every_row_once_within_the_padding_budget(lens):
+def test_buckets_cover_every_row_once_and_cost_no_more_than_length_classes(lens):
     offsets = offsets_of(lens)
     plan = jagged.plan_self(offsets)
     assert sorted(plan.rows.tolist()) == list(range(int(offsets[-1])))
     assert len(set(plan.slots.tolist())) == plan.slots.numel()
     assert plan.num_slots == sum(bucket.size for bucket in plan.buckets)
     for bucket in plan.buckets:
-        seq_lens = torch.tensor(lens)[bucket.seq]
-        assert bucket.valid.sum(1).tolist() == seq_lens.tolist()
-        if int(seq_lens.min()) > jagged.SHORT_LEN:
-            assert bucket.max_len <= (1 + jagged.PAD_BUDGET) * int(seq_lens.min())
-        else:
-            assert bucket.max_len <= jagged.SHORT_LEN
+        assert bucket.valid.sum(1).tolist() == torch.tensor(lens)[bucket.seq].tolist()
+    lens_t = torch.tensor(lens, dtype=torch.long)
+    classes = jagged.group_sequences(jagged.length_class(lens_t), lens_t > 0)
+    for seq in classes:  # each class alone stays within the padding budget
+        low, high = int(lens_t[seq].min()), int(lens_t[seq].max())
+        assert high <= max(jagged.SHORT_LEN, (1 + jagged.PAD_BUDGET) * low)
+    assert self_cost(plan) <= self_cost(jagged.layout(classes, offsets))
+
+
+def contiguous_partitions(n: int):
+    if n == 0:
+        yield []
+        return
+    for first in range(1, n + 1):
+        for rest in contiguous_partitions(n - first):
+            yield [first, *rest]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 300), st.integers(1, 300)), max_size=6),
+    launch=st.integers(0, 50_000),
+)
+def test_merge_groups_is_optimal(groups, launch):
+    """The dynamic programme finds the cheapest contiguous merge (checked against all 2^(n-1) of them)."""
+    q_lens, kv_lens, ids, start = [], [], [], 0
+    for count, q_len, kv_len in groups:
+        q_lens += [q_len] * count
+        kv_lens += [kv_len] * count
+        ids.append(torch.arange(start, start + count))
+        start += count
+    q_t, kv_t = torch.tensor(q_lens, dtype=torch.long), torch.tensor(kv_lens, dtype=torch.long)
+
+    def cost(buckets):
+        return sum(len(b) * int(q_t[b].max()) * int(kv_t[b].max()) + launch for b in buckets)
+
+    merged = jagged.merge_groups(ids, q_t, kv_t, launch_cells=launch)
+    assert [i for bucket in merged for i in bucket.tolist()] == list(range(start))
+    brute = []
+    for sizes in contiguous_partitions(len(ids)):
+        cuts = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        brute.append(cost([torch.cat(ids[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]))
+    assert cost(merged) == min(brute)
 
 
 # ---------------------------------------------------------------------------------------------- errors, dispatch
