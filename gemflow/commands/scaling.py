@@ -24,8 +24,11 @@ def register(app: typer.Typer) -> None:
     @app.command("scaling")
     def scaling_cmd(
         preset: Annotated[
-            str, typer.Option("--preset", "-p", help="laptop | cluster (configs/scaling-<preset>.yaml).")
-        ] = "laptop",
+            str | None,
+            typer.Option(
+                "--preset", "-p", help="laptop | cluster (configs/scaling-<preset>.yaml); default laptop."
+            ),
+        ] = None,
         axes: Annotated[
             str | None, typer.Option("--axes", help="Comma list of depth,width,seq_len,diversity.")
         ] = None,
@@ -61,7 +64,7 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         for noisy in ("mlflow", "alembic", "urllib3", "models.train"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
-        path = cfg_path or PRESETS_DIR / f"scaling-{preset}.yaml"
+        path = cfg_path or PRESETS_DIR / f"scaling-{preset or 'laptop'}.yaml"
         if not path.exists():
             typer.echo(f"error: no preset {preset!r}: {path} does not exist", err=True)
             raise typer.Exit(code=BAD_INPUT_EXIT)
