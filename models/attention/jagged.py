@@ -95,7 +95,7 @@ def merge_groups(
     """Merge runs of neighbouring groups to minimize padded attention cells + ``launch_cells`` per bucket.
 
     A bucket of n sequences costs n * max_q * max_kv cells. Exact dynamic programme over contiguous runs of the
-    (length-ordered) groups: O(groups^2) steps on a few dozen groups, never on sequences.
+    (length-ordered) groups, at most O(groups^2) steps on a few dozen groups, never on sequences.
     """
     launch_cells = LAUNCH_CELLS if launch_cells is None else launch_cells
     counts = [g.numel() for g in groups]
@@ -106,9 +106,11 @@ def merge_groups(
         n = mq = mk = 0
         for first in range(end - 1, -1, -1):  # bucket = groups[first:end]
             n, mq, mk = n + counts[first], max(mq, max_q[first]), max(mk, max_kv[first])
-            cost = best[first] + n * mq * mk + launch_cells
-            if cost < best[end]:
-                best[end], start[end] = cost, first
+            bucket_cost = n * mq * mk + launch_cells
+            if bucket_cost >= best[end]:
+                break  # reaching further back only grows this bucket: no better split remains
+            if best[first] + bucket_cost < best[end]:
+                best[end], start[end] = best[first] + bucket_cost, first
     merged, end = [], len(groups)
     while end > 0:
         merged.append(torch.cat(groups[start[end] : end]))
