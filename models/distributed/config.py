@@ -45,6 +45,7 @@ class CheckpointConfig:
 @dataclass
 class DistributedConfig:
     nproc: int = 1  # processes (ranks) on this machine
+    threads_per_rank: int = 0  # 0 = the machine's cores / nproc (ranks share the cores, never oversubscribe)
     launcher: str = "torchrun"  # "torchrun" | "deepspeed" (the DeepSpeed CLI)
     backend: str = "auto"  # "auto" = nccl on CUDA, gloo on CPU
     zero_stage: int = 2  # DeepSpeed ZeRO stage of the dense tower: 0, 1 or 2
@@ -64,6 +65,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
     """Reject settings that cannot run, naming the key."""
     if cfg.nproc < 1:
         raise ValueError(f"distributed.nproc must be >= 1, got {cfg.nproc}")
+    if cfg.threads_per_rank < 0:
+        raise ValueError(f"distributed.threads_per_rank must be >= 0, got {cfg.threads_per_rank}")
     if cfg.launcher not in LAUNCHERS:
         raise ValueError(f"distributed.launcher must be one of {LAUNCHERS}, got {cfg.launcher!r}")
     if cfg.backend not in ("auto", "gloo", "nccl"):

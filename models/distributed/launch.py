@@ -39,13 +39,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_env(nproc: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def launch_env(nproc: int, base: dict[str, str] | None = None, threads: int = 0) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     # the cores are shared by the ranks: N ranks x (cores / N) threads, never N x cores
-    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    env["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nproc))
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -87,7 +87,12 @@ def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = N
     config_path = save_config(cfg, run_dir)
     cmd = command(cfg, config_path, ws, run_dir)
     log.info("launching %d rank(s): %s", cfg.distributed.nproc, " ".join(cmd))
-    proc = subprocess.run(cmd, env=launch_env(cfg.distributed.nproc, env), cwd=REPO, check=False)
+    proc = subprocess.run(
+        cmd,
+        env=launch_env(cfg.distributed.nproc, env, cfg.distributed.threads_per_rank),
+        cwd=REPO,
+        check=False,
+    )
     if proc.returncode:
         raise DistributedRunError(
             f"distributed training exited with {proc.returncode} (a rank failed or was killed); rerun the same "

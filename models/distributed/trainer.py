@@ -190,15 +190,21 @@ def step_seed(seed: int, step: int, world: int, rank: int) -> int:
     return (seed * 1_000_003 + step * world + rank) % (2**63 - 1)
 
 
-def forward_loss(p: Parts, rows: np.ndarray):
-    """(loss, parts of the loss) of this rank's share of one step."""
+def forward_loss(p: Parts, rows: np.ndarray, global_examples: int):
+    """(loss, parts of the loss) of this rank's share of one step.
+
+    Token-balanced shares hold different example counts, and DeepSpeed averages the ranks' gradients; weighting
+    this rank's mean loss by its share of the examples (x world) makes that average the global batch's mean,
+    so N ranks take the step one rank would take on the whole batch.
+    """
     from models.train import loss_fn
 
     batch = p.setup.builder(rows).to(p.device)
     ids, negatives = sparse_ids(p.tower.model, batch)
     emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
     logits, aux = p.engine(emb, cast_batch(batch, p.dtype), negatives)
-    loss = loss_fn(logits.float(), batch.labels, aux.float(), p.cfg)
+    share = len(rows) * p.world / global_examples
+    loss = share * loss_fn(logits.float(), batch.labels, aux.float(), p.cfg)
     moe_aux = moe_aux_loss(p.tower)
     if moe_aux is not None:
         loss = loss + p.cfg.distributed.moe.aux_loss_weight * moe_aux
@@ -331,7 +337,9 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
         tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "moe_layers": len(moe_layers(p.tower)),
                             "steps": len(plan), "train_examples": len(p.setup.train_rows)})  # fmt: skip
     try:
-        _train(p, plan, state, store, tracker)
+        stats = _train(p, plan, state, store, tracker)
+        if rank0:
+            _write_perf(p, run_dir, stats)
         return _finish(p, run_dir, state, tracker)
     except BaseException:
         if tracker is not None:
@@ -339,13 +347,15 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
         raise
 
 
-def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> None:
+def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> list[dict]:
+    """Run the remaining steps; returns each step's stats (for perf.json)."""
     dc, oc = p.cfg.distributed, p.cfg.optim
     rank0 = p.rank == 0
     eval_every = dc.eval_every
     epoch_ends = {i + 1 for i, (e, _) in enumerate(plan) if i + 1 == len(plan) or plan[i + 1][0] != e}
     num_dense = len(p.setup.bundle.dense.columns)
     recent: list[dict] = []
+    stats: list[dict] = []
     if not state.history:  # step 0: the untrained model, the baseline training must beat
         state.history.append({"step": 0, "epoch": 0, **evaluate(p, p.setup.valid_rows, "valid_")})
         if tracker is not None:
@@ -356,7 +366,7 @@ def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> 
         epoch, step = plan[i]
         torch.manual_seed(step_seed(oc.seed, i, p.world, p.rank))
         start = time.perf_counter()
-        loss, parts = forward_loss(p, step.rows[p.rank])
+        loss, parts = forward_loss(p, step.rows[p.rank], sum(len(r) for r in step.rows))
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"rank {p.rank}: loss became {loss.item()} at step {i} (lower optim.lr?)"
@@ -366,6 +376,7 @@ def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> 
         elapsed = time.perf_counter() - start
         state.step = i + 1
         recent.append(_step_stats(p, step, loss.item(), parts, elapsed, num_dense))
+        stats.append(recent[-1])
         if state.step % oc.log_every == 0 or state.step == len(plan):
             _log_steps(p, tracker, recent, state.step)
             recent = []
@@ -378,6 +389,34 @@ def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> 
         every = dc.checkpoint.every_steps
         if (every and state.step % every == 0) or state.step == len(plan):
             save_checkpoint(p, store, state)
+    return stats
+
+
+PERF_WARMUP_STEPS = 3  # the first steps pay for lazy initialisation and allocator warm-up
+
+
+def _write_perf(p: Parts, run_dir: Path, stats: list[dict]) -> None:
+    """Throughput and MFU of this launch's steps after warm-up (what bench/train.py reads)."""
+    timed = stats[PERF_WARMUP_STEPS:] or stats
+    if not timed:
+        return
+    seconds = sum(r["seconds"] for r in timed)
+    flops = sum(r["flops"] for r in timed)
+    peak = p.cfg.distributed.peak_tflops * 1e12
+    perf = {
+        "nproc": p.world,
+        "threads_per_rank": torch.get_num_threads(),
+        "steps_timed": len(timed),
+        "step_seconds_median": float(np.median([r["seconds"] for r in timed])),
+        "tokens_per_second": float(np.sum([r["tokens"] for r in timed])) / seconds,
+        "model_tflops_per_second": flops / seconds / 1e12,
+        "peak_tflops": p.cfg.distributed.peak_tflops,
+        "mfu": mfu(flops, seconds, peak),
+        "token_imbalance_mean": float(np.mean([r["imbalance"] for r in timed])),
+        "fp8_linears": len(p.fp8_modules),
+        "moe_layers": len(moe_layers(p.tower)),
+    }
+    (run_dir / "perf.json").write_text(json.dumps(perf, indent=2))
 
 
 def _step_stats(p: Parts, step: Step, loss: float, parts: dict, elapsed: float, num_dense: int) -> dict:

@@ -38,7 +38,8 @@ def write_learnable_set(out: Path, num_users: int, seed: int = 0) -> Path:
     ex = pd.read_parquet(out / "examples.parquet")
     rng = np.random.default_rng(seed + 1)
     recent = [
-        set(seqs["category_id"][u][max(0, c - 10) : c]) for u, c in zip(ex["user_row"], ex["cut"], strict=True)
+        set(seqs["category_id"][u][max(0, c - 10) : c])
+        for u, c in zip(ex["user_row"], ex["cut"], strict=True)
     ]
     match = np.array([cat in r for cat, r in zip(ex["category_id"], recent, strict=True)], np.float64)
     logit = -1.5 + 3.0 * match + 1.5 * (2 * ex["quality"].to_numpy() - 1)

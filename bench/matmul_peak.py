@@ -1,0 +1,41 @@
+"""Dense GEMM peak of this machine (bf16 and fp32): the denominator of the training MFU.
+
+    .venv/bin/python bench/matmul_peak.py [--sizes 1024 2048] [--seconds 3] [--threads 0]
+
+Prints GFLOP/s per dtype and size on ``--threads`` threads (0 = all cores) and the best of each dtype.
+``gemflow train --nproc N`` measures the same GEMM quickly at launch unless ``distributed.peak_tflops`` is set;
+pass this script's bf16 figure there for a steadier MFU on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from models.distributed.mfu import measure_matmul_peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    args = parser.parse_args()
+    threads = args.threads or os.cpu_count() or 1
+    print(f"torch {torch.__version__}, {threads} thread(s) of {os.cpu_count()} core(s)")
+    print(f"{'dtype':>8} {'size':>6} {'GFLOP/s':>10}")
+    best = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        for size in args.sizes:
+            flops = measure_matmul_peak(dtype, size=size, seconds=args.seconds, threads=threads)
+            best[name] = max(best.get(name, 0.0), flops)
+            print(f"{name:>8} {size:>6} {flops / 1e9:>10.1f}")
+    for name, flops in best.items():
+        print(f"peak {name}: {flops / 1e12:.4f} TFLOP/s  (distributed.peak_tflops={flops / 1e12:.4f})")
+
+
+if __name__ == "__main__":
+    main()
