@@ -141,6 +141,8 @@ def recent_events_table(events: pd.DataFrame, day: dt.date, n: int = RECENT_EVEN
             "recent_category_ids": lists(kept["category_id"].to_numpy(np.int64), pa.int64()),
             "recent_ts": lists(ts_us // 1_000_000, pa.int64()),
             "recent_time_gaps": lists(((asof_us - ts_us) / 1e6).astype(np.float32), pa.float32()),
+            "recent_surfaces": lists(kept["surface"].to_numpy(np.int64), pa.int64()),
+            "recent_advertiser_ids": lists(kept["advertiser_id"].to_numpy(np.int64), pa.int64()),
             EVENT_TS: pa.array(np.full(len(users), asof_us), pa.timestamp("us", tz="UTC")),
             CREATED_TS: pa.array(np.full(len(users), asof_us), pa.timestamp("us", tz="UTC")),
         }

@@ -114,6 +114,8 @@ def build_definitions(ws: Workspace, cfg: FeatureStoreConfig | None = None) -> D
             Field(name="recent_category_ids", dtype=Array(Int64)),
             Field(name="recent_ts", dtype=Array(Int64)),
             Field(name="recent_time_gaps", dtype=Array(Float32)),
+            Field(name="recent_surfaces", dtype=Array(Int64)),
+            Field(name="recent_advertiser_ids", dtype=Array(Int64)),
         ],
         online=True,
         source=push_sources[RECENT_EVENTS_PUSH],

@@ -9,7 +9,8 @@ Every table carries ``event_timestamp`` (when the row became true: the "as of" t
     ad_stats            ad_id, {impressions,clicks,conversions,ctr,cvr}_{1,7,28}d
     user_recent_events  user_id, the last RECENT_EVENTS events in time order (oldest first):
                         recent_ad_ids, recent_actions, recent_category_ids, recent_ts (int64 seconds),
-                        recent_time_gaps (float32 seconds from each event to the row's event_timestamp)
+                        recent_time_gaps (float32 seconds from each event to the row's event_timestamp),
+                        recent_surfaces (SURFACES ids), recent_advertiser_ids
     user_embedding      user_id, user_embedding (list<float32>), model_version; written by the embedding refresh
                         stage at ``ws.offline("user_embedding", D)/<anything>.parquet``
 """
@@ -75,6 +76,8 @@ USER_RECENT_EVENTS = pa.schema(
         pa.field("recent_category_ids", pa.list_(pa.int64()), nullable=False),
         pa.field("recent_ts", pa.list_(pa.int64()), nullable=False),
         pa.field("recent_time_gaps", pa.list_(pa.float32()), nullable=False),
+        pa.field("recent_surfaces", pa.list_(pa.int64()), nullable=False),
+        pa.field("recent_advertiser_ids", pa.list_(pa.int64()), nullable=False),
         *_stamps(),
     ]
 )

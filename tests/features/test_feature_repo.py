@@ -10,8 +10,10 @@ import yaml
 
 from features.feature_repo import FeatureStoreConfig, build_definitions
 from features.feature_repo.offline import day_end, day_start
+from features.schema import SURFACES
 from features.store import open_store
 from tests.features.helpers import (
+    ADS,
     DAY0,
     ads_frame,
     events_frame,
@@ -26,6 +28,8 @@ ONLINE_REFS = [
     "user_recent_events:recent_ad_ids",
     "user_recent_events:recent_actions",
     "user_recent_events:recent_time_gaps",
+    "user_recent_events:recent_surfaces",
+    "user_recent_events:recent_advertiser_ids",
     "user_profile:user_age",
 ]
 
@@ -82,6 +86,9 @@ def test_apply_materialize_push_then_online_reads(workspace, frames):
     ).to_dict()
     for i, user in enumerate((1, 2)):
         assert online["recent_ad_ids"][i] == expected_recent(all_events, user)
+        mine = all_events[all_events.user_id == user].sort_values(["ts", "event_id"]).tail(64)
+        assert online["recent_surfaces"][i] == [SURFACES.index(s) for s in mine.surface]
+        assert online["recent_advertiser_ids"][i] == [ADS[a][0] for a in mine.ad_id]
         gaps = online["recent_time_gaps"][i]
         assert gaps == sorted(gaps, reverse=True) and min(gaps) > 0  # oldest first, all before the as-of time
     assert online["user_age"] == [25, 40]

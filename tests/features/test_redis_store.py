@@ -114,12 +114,16 @@ def test_apply_materialize_push_and_online_reads_on_redis(workspace, redis_url):
             "recent_category_ids": [[1] * len(ads_seen)],
             "recent_ts": [[int(now.timestamp())] * len(ads_seen)],
             "recent_time_gaps": [[0.0] * len(ads_seen)],
+            "recent_surfaces": [[2] * len(ads_seen)],
+            "recent_advertiser_ids": [[100] * len(ads_seen)],
             "event_timestamp": [now],
             "created_timestamp": [now],
         }
     )
     store.push("user_recent_events_push", row)
     after = store.get_online_features(
-        features=["user_recent_events:recent_ad_ids"], entity_rows=[{"user_id": 2}]
-    )
-    assert after.to_dict()["recent_ad_ids"][0] == ads_seen
+        features=["user_recent_events:recent_ad_ids", "user_recent_events:recent_surfaces"],
+        entity_rows=[{"user_id": 2}],
+    ).to_dict()
+    assert after["recent_ad_ids"][0] == ads_seen
+    assert after["recent_surfaces"][0] == [2] * len(ads_seen)

@@ -110,6 +110,9 @@ def test_ranker_features_equal_a_hand_written_as_of_join(landed):
             )
             expected_recent = mine.ad_id.tolist()[-64:]
             assert (list(row.recent_ad_ids) if row.recent_ad_ids is not None else []) == expected_recent
+            if row.recent_ad_ids is not None:  # the per-event fields serving reads, aligned with the ads
+                assert list(row.recent_advertiser_ids) == [ADS[a][0] for a in expected_recent]
+                assert len(row.recent_surfaces) == len(expected_recent)
         assert row.ad_quality == pytest.approx(ADS[ev.ad_id][2])
         assert row.user_age == {1: 25, 2: 40, 3: 61}[ev.user_id]
         assert row.user_embedding is None and row.model_version is None
