@@ -324,10 +324,12 @@ def markdown(
                   f"serving {t['grow_ranker']['serving_ms_per_1000']:.2f} ms / 1,000 candidates "
                   f"({_e(t['grow_ranker']['serving_flops_per_1000'])} FLOPs)"]  # fmt: skip
     walls = [p["wall_time_s"] for p in summary["points"]]
+    cpus = [p.get("cpu_time_s", math.nan) for p in summary["points"]]
     loads = [p["load_avg_1m_at_start"] for p in summary["points"]]
     if walls:
         lines += ["", f"Training wall time summed over points: {sum(walls):.0f} s "
-                      f"({len(walls)} points, {summary['points'][0]['threads']} thread(s) each); "
+                      f"({len(walls)} points, {summary['points'][0]['threads']} thread(s) each), "
+                      f"CPU time {sum(cpus):.0f} s; "
                       f"1-min load average at point starts: {min(loads):.1f}-{max(loads):.1f}."]  # fmt: skip
     for img in images or []:
         rel = img.relative_to(image_base) if image_base else img

@@ -98,9 +98,9 @@ def run_point(job: PointJob) -> dict:
         params = dense_parameters(setup.bundle.model)
         resumed = (run_dir / "checkpoint.pt").exists()
         load_before = os.getloadavg()[0]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         trained = train(job.cfg, ws, embeddings)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         epochs_run = len(trained.history) - 1
         examples_seen = epochs_run * len(setup.train_rows)
         result = {
@@ -115,6 +115,7 @@ def run_point(job: PointJob) -> dict:
             "compute_flops": flops_per_example * examples_seen,
             "dense_params": params,
             "wall_time_s": wall,
+            "cpu_time_s": cpu,  # ~ the wall time on an idle machine (threads x wall when they all run)
             "resumed": resumed,
             "threads": job.threads,
             "load_avg_1m_at_start": load_before,
