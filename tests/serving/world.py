@@ -125,6 +125,8 @@ def build_world(
                 "recent_category_ids": ev["category_id"].tolist(),
                 "recent_ts": ev["ts"].tolist(),
                 "recent_time_gaps": (DAY_END.timestamp() - ev["ts"]).astype(np.float32).tolist(),
+                "recent_surfaces": ev["surface"].tolist(),
+                "recent_advertiser_ids": ev["advertiser_id"].tolist(),
             }
         )
     _write(ws, "user_recent_events", _stamp(pd.DataFrame(rows)))
