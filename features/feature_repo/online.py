@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import logging
+import sqlite3
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,10 +93,14 @@ def encode_rows(store: FeatureStore, view: FeatureView, table: pa.Table) -> Enco
     )
 
 
-def _naive_utc(micros: np.ndarray) -> list[dt.datetime]:
-    """What Feast hands SQLite: naive UTC datetimes (one object per distinct time)."""
+def _sqlite_stamps(micros: np.ndarray) -> list:
+    """What Feast hands SQLite for each row: a naive UTC datetime, passed through the adapter Feast registers
+    for datetimes (applied here once per distinct time rather than once per value)."""
     unique, inverse = np.unique(micros, return_inverse=True)
     stamps = pa.array(unique, pa.timestamp("us")).to_pylist()
+    adapt = sqlite3.adapters.get((dt.datetime, sqlite3.PrepareProtocol))
+    if adapt is not None:
+        stamps = [adapt(s) for s in stamps]
     return [stamps[i] for i in inverse.tolist()]
 
 
@@ -110,19 +115,22 @@ def _write_sqlite(store: FeatureStore, online_store, view: FeatureView, rows: En
     columns = {r[1] for r in conn.execute(f"PRAGMA table_info({_quote_id(table)})")}
     if columns != SQLITE_COLUMNS:  # e.g. value_num: Feast would compute it per value
         raise UnsupportedForFastWrite(f"SQLite table {table} has columns {sorted(columns)}")
-    names = list(rows.values)
     upsert = (
         f"INSERT INTO {_quote_id(table)} (entity_key, feature_name, value, value_text, event_ts, created_ts) "
         f"VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(entity_key, feature_name) DO UPDATE SET value = excluded.value, "
         f"value_text = excluded.value_text, event_ts = excluded.event_ts, created_ts = excluded.created_ts;"
     )
-    event_ts = _naive_utc(rows.event_us)
-    created_ts = _naive_utc(rows.created_us) if rows.created_us is not None else [None] * len(rows.keys)
+    event_ts = _sqlite_stamps(rows.event_us)
+    created_ts = _sqlite_stamps(rows.created_us) if rows.created_us is not None else [None] * len(rows.keys)
+    names = sorted(rows.values)
     values = [rows.values[n] for n in names]
     texts = [rows.texts[n] for n in names]
+    # In primary-key order: each insert lands next to the previous one in the B-trees (several times faster
+    # than Feast's order on a large table); the stored rows are the same.
+    order = sorted(range(len(rows.keys)), key=rows.keys.__getitem__)
     params = (
-        (key, name, values[j][i], texts[j][i], event_ts[i], created_ts[i])
-        for i, key in enumerate(rows.keys)  # entity by entity, feature by feature: Feast's order
+        (rows.keys[i], name, values[j][i], texts[j][i], event_ts[i], created_ts[i])
+        for i in order
         for j, name in enumerate(names)
     )
     with conn:
