@@ -127,7 +127,12 @@ class TransformerBlock(nn.Module):
 
 class CrossAttention(nn.Module):
     """Jagged queries over jagged keys/values. ``project_kv`` is split out so K/V can be computed once and
-    reused by many queries (one user's context, thousands of candidates)."""
+    reused by many queries (one user's context, thousands of candidates).
+
+    Projections start near the identity: queries and keys live in the one shared token space, so at step 0
+    a candidate already attends most to the events that share its ids (ad, advertiser, category) and reads
+    them back unchanged; training refines that instead of first having to discover it.
+    """
 
     def __init__(self, dim: int, heads: int, backend: str):
         super().__init__()
@@ -135,6 +140,11 @@ class CrossAttention(nn.Module):
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.out = nn.Linear(dim, dim)
+        with torch.no_grad():
+            eye = torch.eye(dim)
+            for linear, weight in ((self.q, eye), (self.kv, torch.cat([eye, eye])), (self.out, eye)):
+                linear.weight.copy_(weight + 0.02 * torch.randn_like(weight))
+                linear.bias.zero_()
 
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         total, dim = context.shape

@@ -11,13 +11,15 @@ import numpy as np
 EPS = 1e-12  # torchrec's eta: predictions and the background rate are clamped to [EPS, 1 - EPS]
 
 
-def _arrays(labels, preds, weights):
+def _arrays(labels, preds, weights, probabilities: bool = True):
     y = np.asarray(labels, np.float64).ravel()
     p = np.asarray(preds, np.float64).ravel()
     w = np.ones_like(y) if weights is None else np.asarray(weights, np.float64).ravel()
     if not (len(y) == len(p) == len(w)):
         raise ValueError(f"labels ({len(y)}), predictions ({len(p)}) and weights ({len(w)}) differ in length")
-    if len(y) and (np.nanmin(p) < 0 or np.nanmax(p) > 1 or np.isnan(p).any()):
+    if np.isnan(p).any():
+        raise ValueError("predictions contain NaN")
+    if probabilities and len(y) and (np.nanmin(p) < 0 or np.nanmax(p) > 1 or np.isnan(p).any()):
         raise ValueError("predictions must be probabilities in [0, 1] (pass sigmoid(logits), not logits)")
     return y, p, w
 
@@ -37,8 +39,8 @@ def normalized_entropy(labels, preds, weights=None) -> float:
 
 
 def auc(labels, preds) -> float:
-    """Area under the ROC curve (Mann-Whitney, ties count one half); NaN when one class is absent."""
-    y, p, _ = _arrays(labels, preds, None)
+    """Area under the ROC curve (Mann-Whitney, ties count one half) of any scores; NaN when one class is absent."""
+    y, p, _ = _arrays(labels, preds, None, probabilities=False)
     n_pos, n_neg = int((y > 0.5).sum()), int((y <= 0.5).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")

@@ -64,7 +64,9 @@ class Ranker(nn.Module):
         self.age = DenseTokens(1, d)
         self.cand_dense = DenseTokens(num_dense, d)
         num_cand_tokens = len(CANDIDATE_ID_FIELDS) + num_dense
-        self.query = nn.Linear(num_cand_tokens * d, d)
+        # the query is built like an event token (sum of its id embeddings) so it lives in the same space
+        self.query_dense = nn.Linear(num_dense, d)
+        self.query_norm = nn.LayerNorm(d)
         blocks = cfg.num_layers if cfg.pooling == "target" else 0
         self.blocks = nn.ModuleList(
             TargetAwareBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.attention_backend)
@@ -112,9 +114,9 @@ class Ranker(nn.Module):
         b = side.offsets.numel() - 1
         per_user = cands.offsets[1:] - cands.offsets[:-1]
         emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
-        cand = torch.stack([emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS], 1)
-        cand = torch.cat([cand, self.cand_dense(cands.dense)], 1)  # (N, T, d)
-        q0 = self.query(cand.flatten(1))
+        ids = torch.stack([emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS], 1)
+        q0 = self.query_norm(ids.sum(1) + self.query_dense(cands.dense))
+        cand = torch.cat([ids, self.cand_dense(cands.dense)], 1)  # (N, T, d) feature tokens
         q = q0
         cand_user = segment_ids(cands.offsets)
         if self.cfg.pooling == "target":

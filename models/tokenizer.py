@@ -46,10 +46,21 @@ class SparseArch(nn.Module):
             for table, size in self.sizes.items()
         ]
         self.ec = EmbeddingCollection(tables=tables, device=torch.device("cpu"))
-        for emb in self.ec.embeddings.values():
-            nn.init.normal_(emb.weight, std=0.05)
+        self.reset_parameters(dim)
 
-    def table(self, field: str) -> torch.Tensor:
+    def reset_parameters(self, dim: int) -> None:
+        """Each table starts in its own block of dimensions. A token that sums several fields (an event, a
+        candidate) then starts as their concatenation, and the dot product of two such tokens counts the fields
+        whose ids agree, instead of being buried under random cross-field terms. Training mixes freely."""
+        names = list(self.sizes)
+        for i, table in enumerate(names):
+            weight = self.table(table)
+            lo, hi = i * dim // len(names), (i + 1) * dim // len(names)
+            with torch.no_grad():
+                weight.zero_()
+                weight[:, lo:hi].normal_(std=1.0)
+
+    def table(self, field: str) -> torch.nn.Parameter:
         return self.ec.embeddings[f"t_{field}"].weight
 
     def forward(

@@ -19,7 +19,7 @@ from torch import nn
 from models.config import UserModelConfig
 from models.data import CANDIDATE_ID_FIELDS, Batch, Candidates, Events
 from models.layers import CrossAttention, TargetAwareBlock, TransformerBlock, mlp_head, segment_mean
-from models.tokenizer import GAP_TABLE, DenseTokens, EventTokenizer, SparseArch, event_features, event_ids
+from models.tokenizer import GAP_TABLE, EventTokenizer, SparseArch, event_features, event_ids
 
 
 def user_model_tables(cfg: UserModelConfig, vocab: dict[str, int]) -> dict[str, int]:
@@ -50,8 +50,8 @@ class UserModel(nn.Module):
         self.summary_queries = nn.Parameter(torch.randn(k, d) * 0.05)
         self.summary = CrossAttention(d, cfg.num_heads, cfg.attention_backend)
         # training head: candidate -> target-aware attention over the user tokens -> click, conversion
-        self.cand_dense = DenseTokens(num_dense, d)
-        self.cand_proj = nn.Linear((len(CANDIDATE_ID_FIELDS) + num_dense) * d, d)
+        self.cand_dense_proj = nn.Linear(num_dense, d)
+        self.cand_norm = nn.LayerNorm(d)
         self.target = TargetAwareBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.attention_backend)
         self.head = mlp_head(3 * d, 2 * d, 2, cfg.dropout)
         self.next_proj = nn.Linear(d, d)
@@ -90,9 +90,9 @@ class UserModel(nn.Module):
         per_user = cands.offsets[1:] - cands.offsets[:-1]
         ids = {f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}
         emb = self.sparse(ids, batch_size)
-        tokens = torch.stack([emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS], 1)
-        tokens = torch.cat([tokens, self.cand_dense(cands.dense)], 1)
-        return self.cand_proj(tokens.flatten(1))
+        # like an event token: the sum of its id embeddings (one shared space), plus its dense features
+        ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
+        return self.cand_norm(ids + self.cand_dense_proj(cands.dense))
 
     def score(self, user_tokens: torch.Tensor, cands: Candidates) -> torch.Tensor:
         """(N, 2) click/conversion logits of every candidate against its user's K tokens."""
