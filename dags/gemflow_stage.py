@@ -6,7 +6,9 @@ interpreters (their pins conflict), so a subprocess is the boundary.
 ``GEMFLOW_MODE=cluster``: the task runs the same command in the project image with ``KubernetesPodOperator``.
 
 Stages signal a rejected data partition with exit code ``GATE_FAILED_EXIT``; the task then fails without
-retries (``AirflowFailException``): retrying cannot fix bad data.
+retries (``AirflowFailException``): retrying cannot fix bad data. A stage that finds nothing to do (e.g. the gate
+kept the current champion) exits ``UNCHANGED_EXIT``; the task is then skipped, so its outlets publish no asset
+event and nothing downstream runs.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 GATE_FAILED_EXIT = 3  # keep in sync with gemflow.commands.ingest.GATE_FAILED_EXIT
+UNCHANGED_EXIT = 4  # keep in sync with gemflow.commands.refresh.UNCHANGED_EXIT
 
 # Assets chain the DAGs: each stage publishes what the next one is scheduled on.
 FEATURES = Asset(name="gemflow.features", uri="gemflow://features/ingested")
@@ -59,14 +62,22 @@ def run_cli(args: list[str], gemflow_bin: str, workspace: str) -> None:
     proc = subprocess.run([gemflow_bin, *args], env=env, check=False)
     if proc.returncode == GATE_FAILED_EXIT:
         raise AirflowFailException(f"gemflow {' '.join(args)}: the validation gate rejected the partition")
+    if proc.returncode == UNCHANGED_EXIT:
+        raise AirflowSkipException(f"gemflow {' '.join(args)}: nothing changed")
     if proc.returncode:
         raise RuntimeError(f"gemflow {' '.join(args)} exited with {proc.returncode}")
 
 
-def stage_task(task_id: str, *args: str, outlets: tuple[Asset, ...] = (), retries: int = 2):
+def stage_task(
+    task_id: str,
+    *args: str,
+    outlets: tuple[Asset, ...] = (),
+    retries: int = 2,
+    trigger_rule: str = "all_success",
+):
     """An operator running ``gemflow <args>`` (args are Jinja-templated, e.g. ``{{ ds }}``)."""
     s = StageSettings.from_env()
-    common = {"task_id": task_id, "outlets": list(outlets), "retries": retries}
+    common = {"task_id": task_id, "outlets": list(outlets), "retries": retries, "trigger_rule": trigger_rule}
     if s.mode == "local":
         from airflow.providers.standard.operators.python import PythonOperator
 
@@ -86,5 +97,6 @@ def stage_task(task_id: str, *args: str, outlets: tuple[Asset, ...] = (), retrie
         env_vars={"GEMFLOW_HOME": "/data/gemflow"},
         get_logs=True,
         on_finish_action="delete_succeeded_pod",
+        skip_on_exit_code=UNCHANGED_EXIT,
         **common,
     )

@@ -1,13 +1,17 @@
-"""Embedding commands: ``refresh-embeddings`` (champion user model -> Feast) and ``check-versions``.
+"""Registration and embedding commands: ``register-run`` (register + gate, for the DAGs),
+``refresh-embeddings`` (champion user model -> Feast) and ``check-versions``.
 
-Exit codes: 0 done / versions agree, 1 ``check-versions`` found a mismatch (or no embeddings online), 2 bad
-input (unknown model, no events, bad config) with a one-line error.
+Exit codes: 0 done / versions agree; 1 ``check-versions`` found a mismatch (or no embeddings online); 2 bad input
+(unknown model, no events, bad config) with a one-line error; 4 (``UNCHANGED_EXIT``) nothing changed: the gate
+kept the current champion, or there is no champion to refresh from yet. The DAGs skip the task on 4, so a
+rejected challenger publishes no ``CHAMPION`` event and triggers no refresh or deploy.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,6 +20,7 @@ from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, wor
 
 BAD_INPUT_EXIT = 2
 MISMATCH_EXIT = 1
+UNCHANGED_EXIT = 4  # dags/gemflow_stage.UNCHANGED_EXIT: the task is skipped, its outlets publish nothing
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -29,7 +34,65 @@ def _logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def latest_run(ws, kind: str) -> Path:
+    """The most recently written run folder under ``<ws>/models/<kind>/`` (by its model.pt)."""
+    runs = sorted((ws.root / "models" / kind).glob("*/model.pt"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(
+            f"no trained {kind} model under {ws.root / 'models' / kind} (run `gemflow train`)"
+        )
+    return runs[-1].parent
+
+
 def register(app: typer.Typer) -> None:
+    @app.command("register-run")
+    def register_run_cmd(
+        training_set: Annotated[
+            str, typer.Option("--training-set", "-t", help="Held-out data the gate judges on (name or path).")
+        ] = "default",
+        kind: Annotated[str, typer.Option(help="user or ranker.")] = "user",
+        run_dir: Annotated[
+            str,
+            typer.Option("--run-dir", help="A run folder; default: the newest under <ws>/models/<kind>/."),
+        ] = "",
+        tracking_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = "",
+        min_gain: Annotated[
+            float, typer.Option(help="Relative NE gain needed to replace the champion.")
+        ] = 0.002,
+        calibration_low: Annotated[float, typer.Option(help="Lowest acceptable calibration.")] = 0.8,
+        calibration_high: Annotated[float, typer.Option(help="Highest acceptable calibration.")] = 1.25,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Register a run as @challenger and gate it; exit 4 when the champion did not change."""
+        from mlflow.exceptions import MlflowException
+
+        from models.data import TrainingSetError
+        from models.embeddings.refresh import mlflow_client
+        from models.registry import GateConfig, register_bundle, run_gate
+        from models.registry.heldout import evaluator
+
+        _logging()
+        w = workspace(ws)
+        if kind not in ("user", "ranker"):
+            raise _fail(ValueError(f"--kind must be user or ranker, got {kind!r}"))
+        try:
+            run = Path(run_dir) if run_dir else latest_run(w, kind)
+            data = Path(training_set) if Path(training_set).is_dir() else w.training(training_set)
+            mlflow_client(tracking_uri, w)
+            version = register_bundle(run, data)
+            decision = run_gate(
+                version.name,
+                version.version,
+                evaluator(data),
+                GateConfig(min_gain, calibration_low, calibration_high),
+            )
+        except (ValueError, FileNotFoundError, TrainingSetError, MlflowException) as err:
+            raise _fail(err) from err
+        verdict = "PROMOTED to @champion" if decision.promoted else "stays @challenger"
+        typer.echo(f"{version.name} v{version.version} from {run}: {verdict}: {decision.reason}")
+        if not decision.promoted:
+            raise typer.Exit(code=UNCHANGED_EXIT)
+
     @app.command("refresh-embeddings")
     def refresh_cmd(
         date: Annotated[
@@ -46,6 +109,10 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option("--nproc", help="Worker processes (shards of users).")
         ] = None,
         tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI.")] = None,
+        skip_without_champion: Annotated[
+            bool,
+            typer.Option(help="Exit 4 (skip) instead of failing when the registry has no such alias yet."),
+        ] = False,
         cfg_path: ConfigOpt = None,
         overrides: SetOpt = None,
         ws: WorkspaceOpt = None,
@@ -60,12 +127,30 @@ def register(app: typer.Typer) -> None:
             RefreshConfig, cfg_path, overrides, date=date, model_uri=model_uri, nproc=nproc,
             tracking_uri=tracking_uri,
         )  # fmt: skip
+        w = workspace(ws)
         try:
-            summary = refresh_embeddings(workspace(ws), cfg)
+            if skip_without_champion and not _champion_exists(cfg, w):
+                typer.echo(f"no {cfg.model_uri} yet: nothing to refresh")
+                raise typer.Exit(code=UNCHANGED_EXIT)
+            summary = refresh_embeddings(w, cfg)
         except (ValueError, FileNotFoundError, LookupError, MlflowException) as err:
             raise _fail(err) from err
         summary.pop("config")
         typer.echo(json.dumps(summary, indent=2))
+
+    def _champion_exists(cfg, w) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        from models.embeddings.refresh import MODEL_URI, mlflow_client
+
+        match = MODEL_URI.match(cfg.model_uri)
+        if not match or not match["alias"]:
+            return True  # a file or a pinned version: let the refresh itself say what is wrong
+        try:
+            mlflow_client(cfg.tracking_uri, w).get_model_version_by_alias(match["name"], match["alias"])
+        except MlflowException:
+            return False
+        return True
 
     @app.command("check-versions")
     def check_versions_cmd(

@@ -25,6 +25,7 @@ def test_dags_import_without_errors(tmp_path):
     for mode in ("local", "cluster"):
         out = run_airflow_python(DAGBAG, airflow_env(tmp_path, GEMFLOW_MODE=mode))
         assert out["errors"] == {}, f"{mode}: {out['errors']}"
+        assert {"gemflow_ingest", "gemflow_register", "gemflow_refresh", "gemflow_deploy"} <= set(out["dags"])
         ingest = out["dags"]["gemflow_ingest"]
         assert ingest["tasks"] == ["ingest"]
         assert ingest["outlets"] == ["gemflow.features"]
