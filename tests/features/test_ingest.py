@@ -145,3 +145,8 @@ def test_cli_ingest_exit_codes(workspace):
     write_raw(workspace, DAY1, bad)
     rejected = runner.invoke(app, [*args[:1], "--date", DAY1.isoformat(), *args[3:]])
     assert rejected.exit_code == 3
+
+
+def test_a_bad_online_writer_is_a_clear_error():
+    with pytest.raises(ValueError, match="online_writer must be one of"):
+        IngestConfig(online_writer="turbo")
