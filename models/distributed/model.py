@@ -72,8 +72,8 @@ def next_event_sources(history: Events) -> torch.Tensor:
 def sparse_ids(model: UserModel, batch: Batch, generator: torch.Generator | None = None):
     """Every id the step looks up, as feature -> (flat ids, per-user lengths), and the negatives' ids."""
     h, c = batch.history, batch.candidates
-    b = h.batch_size
-    ones = torch.ones(b, dtype=torch.int64)
+    b, device = h.batch_size, h.offsets.device
+    ones = torch.ones(b, dtype=torch.int64, device=device)
     per_user = c.offsets[1:] - c.offsets[:-1]
     ids = {**event_ids("hist", h), "user_id": (batch.profile.user_id, ones)}
     ids |= {
@@ -83,11 +83,11 @@ def sparse_ids(model: UserModel, batch: Batch, generator: torch.Generator | None
     cfg = model.cfg
     if model.training and cfg.next_event_weight > 0 and cfg.pooling == "transformer":
         src = next_event_sources(h)
-        seg = torch.repeat_interleave(torch.arange(b), h.lengths)[src]
+        seg = torch.repeat_interleave(torch.arange(b, device=device), h.lengths)[src]
         ids[NEXT_TARGET] = (h.ad_id[src + 1], torch.bincount(seg, minlength=b))
         num_ads = model.sparse_sizes["ad_id"] + 1  # + the OOV row, as the single-process model samples
-        negatives = torch.randint(0, num_ads - 1, (cfg.num_negatives,), generator=generator)
-        ids[NEXT_NEGATIVE] = (negatives, torch.tensor([cfg.num_negatives] + [0] * (b - 1)))
+        negatives = torch.randint(0, num_ads - 1, (cfg.num_negatives,), generator=generator).to(device)
+        ids[NEXT_NEGATIVE] = (negatives, torch.tensor([cfg.num_negatives] + [0] * (b - 1), device=device))
     return ids, negatives
 
 

@@ -28,11 +28,12 @@ REPO = Path(__file__).resolve().parents[3]
 COMMON = {
     "user_model.d_model": 64,
     "user_model.max_history": 64,
-    "optim.epochs": 3,
+    "optim.epochs": 2,  # this small set overfits after 2 epochs: compare where both runs have learned
+    "optim.lr": 1e-3,
     "optim.log_every": 10,
-    "distributed.tokens_per_step": 1000,
+    "distributed.tokens_per_step": 2000,
     "distributed.threads_per_rank": 1,
-    "distributed.checkpoint.every_steps": 20,
+    "distributed.checkpoint.every_steps": 10,
     "distributed.peak_tflops": 0.05,  # skip the launch-time GEMM measurement; MFU is not asserted here
     "tracking.enabled": "false",
 }
@@ -103,17 +104,17 @@ def test_killed_rank_and_crash_mid_checkpoint_resume_to_the_unbroken_result(work
     run = workspace_root / "full-faults"
     ckpt = run / "checkpoints"
 
-    # 1. SIGKILL rank 1 right after the first checkpoint (step 20) is committed
+    # 1. SIGKILL rank 1 right after the first checkpoint (step 10 of ~38) is committed
     proc = gemflow_train(workspace_root, "full-faults", 2, FULL, background=True)
     _wait_for(ckpt / "latest", proc)
     rank1 = int((run / "ranks" / "rank-1.pid").read_text())
     os.kill(rank1, signal.SIGKILL)
     assert proc.wait(timeout=600) != 0
     first = (ckpt / "latest").read_text()
-    assert first in ("step-00000020", "step-00000040")
+    assert first in ("step-00000010", "step-00000020")
 
     # 2. relaunch; rank 0 dies halfway through writing the next checkpoint
-    next_step = int(first.removeprefix("step-")) + 20
+    next_step = int(first.removeprefix("step-")) + 10
     env = {CRASH_IN_CHECKPOINT: f"0:{next_step}"}
     proc = gemflow_train(workspace_root, "full-faults", 2, FULL, env=env, background=True)
     assert proc.wait(timeout=1500) != 0
