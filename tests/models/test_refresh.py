@@ -271,9 +271,16 @@ def test_refresh_from_the_registry_champion_records_its_version(ws, landed, mlfl
 
     client = MlflowClient()
     data = ws.training("vocab")
-    first = register_bundle(landed[1]["v1"].parent, data)
+    cli = ["register-run", "-w", str(ws.root), "--tracking-uri", mlflow_server, "--training-set", "vocab",
+           "--run-dir", str(landed[1]["v1"].parent), "--calibration-low", "0.01", "--calibration-high", "100"]  # fmt: skip
+    result = CliRunner().invoke(app, cli)
+    assert result.exit_code == 0 and "PROMOTED" in result.output, result.output
+    first = client.get_model_version_by_alias("gem-user-model", "champion")
+    # the same weights again cannot beat the champion: exit 4, which the register DAG turns into a skip
+    result = CliRunner().invoke(app, cli)
+    assert result.exit_code == 4 and "stays @challenger" in result.output, result.output
+    assert client.get_model_version_by_alias("gem-user-model", "champion").version == first.version
     second = register_bundle(landed[1]["v2"].parent, data)
-    client.set_registered_model_alias(first.name, "champion", first.version)
     cfg = {"tracking_uri": mlflow_server}
     assert refresh(ws, Path("models:/gem-user-model@champion"), DAYS[1], **cfg)["model_version"] == (
         f"gem-user-model/{first.version}"
@@ -286,7 +293,7 @@ def test_refresh_from_the_registry_champion_records_its_version(ws, landed, mlfl
 
     # the ranker champion's expectation comes from its registry tag
     client.create_registered_model("gem-ranker")
-    mv = client.create_model_version("gem-ranker", source=first.uri)
+    mv = client.create_model_version("gem-ranker", source=second.uri)
     client.set_model_version_tag(
         "gem-ranker", mv.version, "gemflow.user_model_version", summary["model_version"]
     )
