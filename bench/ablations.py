@@ -96,7 +96,8 @@ def run(args) -> dict:
 
     data = TrainingSet(resolve_training_set(training_set, ws))
     embeddings = embed_examples(bundle, data)
-    for name, overrides in VARIANTS.items():
+    for name in args.variants.split(","):
+        overrides = VARIANTS[name]
         fit(
             name,
             {"model": "ranker", **overrides},
@@ -150,11 +151,17 @@ def main() -> None:
     p.add_argument("--max-history", type=int, default=128)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
+    )
     p.add_argument("--loo", action="store_true", help="also leave-one-out HR/NDCG/MRR (positive-only logs)")
     p.add_argument("--negatives", type=int, default=99)
     p.add_argument("--track", action="store_true", help="log every run to MLflow in the workspace")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variant(s) {sorted(unknown)}; choose from {sorted(VARIANTS)}")
     out = run(args)
     print_table(out)
     if args.json:
