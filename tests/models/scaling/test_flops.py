@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from models.config import TrainRunConfig
@@ -59,8 +58,3 @@ def test_sample_rows_is_fixed_and_sorted():
     a, b = sample_rows(rows, 10, 0), sample_rows(rows, 10, 0)
     assert np.array_equal(a, b) and np.all(np.diff(a) > 0)
     assert len(sample_rows(rows[:5], 10)) == 5
-
-
-@pytest.mark.parametrize("width", [16])
-def test_flops_per_example_is_deterministic(workspace, width):
-    assert _per_example(workspace, d_model=width) == _per_example(workspace, d_model=width)
