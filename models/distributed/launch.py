@@ -73,13 +73,20 @@ def peak_tflops(precision: str) -> float:
 
 def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = None) -> Path:
     """Run the job to completion; returns the run folder (metrics.json, model.pt, checkpoints/)."""
-    from models.train import run_dir_for
+    from models.data import TrainingSetError
+    from models.train import resolve_training_set, run_dir_for
 
     validate(cfg)
     if cfg.model != "user":
         raise ValueError(f"--nproc runs the user model on DeepSpeed; got model={cfg.model!r}")
     validate_distributed(cfg.distributed, cfg.user_model.ffn, cfg.user_model.num_layers)
+    # resolve here, where the caller's working directory means something: the ranks run from the repository
+    training_set = resolve_training_set(cfg.training_set, ws).resolve()
+    for name in ("sequences.parquet", "examples.parquet"):
+        if not (training_set / name).exists():
+            raise TrainingSetError(f"{training_set} is not a training set: {name} is missing")
     run_dir = run_dir_for(cfg, ws).resolve()
+    cfg = replace(cfg, training_set=str(training_set))
     if not cfg.distributed.peak_tflops and not torch.cuda.is_available():
         cfg = replace(
             cfg, distributed=replace(cfg.distributed, peak_tflops=peak_tflops(cfg.distributed.precision))

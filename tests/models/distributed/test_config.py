@@ -86,3 +86,13 @@ def test_invalid_settings_name_the_key(change, ffn, message):
             setattr(dc, key, value)
     with pytest.raises(ValueError, match=message):
         validate_distributed(dc, ffn, num_layers=2)
+
+
+def test_launch_rejects_a_missing_training_set_before_starting_ranks(tmp_path):
+    from gemflow.workspace import Workspace
+    from models.data import TrainingSetError
+    from models.distributed.launch import launch
+
+    cfg = load_config(TrainRunConfig, None, {"training_set": "nowhere", "distributed.nproc": "2"})
+    with pytest.raises(TrainingSetError, match="nowhere is not a training set: sequences.parquet is missing"):
+        launch(cfg, Workspace(tmp_path / "ws"))
