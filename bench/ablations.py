@@ -89,14 +89,16 @@ def run(args) -> dict:
         )
         return result
 
-    user = fit("user_model", {"model": "user"})
-    bundle = load_bundle(user.run_dir)
     from models.data import TrainingSet
     from models.train import resolve_training_set
 
     data = TrainingSet(resolve_training_set(training_set, ws))
-    embeddings = embed_examples(bundle, data)
-    for name in args.variants.split(","):
+    variants = args.variants.split(",")
+    embeddings = None
+    if "multi_stage" in variants:  # the cached tokens come from the user model, embedded as of each example
+        user = fit("user_model", {"model": "user"})
+        embeddings = embed_examples(load_bundle(user.run_dir), data)
+    for name in variants:
         overrides = VARIANTS[name]
         fit(
             name,
