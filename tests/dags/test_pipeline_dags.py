@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from features.training_sets import TrainingSetConfig, build_training_set
+from gemflow.cli import app
 from gemflow.workspace import Workspace
 from models.config import RankerConfig, UserModelConfig
 from models.data import DenseSpec, TrainingSet
@@ -93,7 +95,11 @@ for dag_id, conf in RUNS:
     run = bag.dags[dag_id].test(run_conf=conf)
     tasks = {{ti.task_id: str(ti.state) for ti in run.get_task_instances()}}
     results.append({{"state": str(run.state), "tasks": tasks}})
-print(json.dumps(results))
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.utils.session import create_session
+with create_session() as session:
+    published = [n for (n,) in session.query(AssetModel.name).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)]
+print(json.dumps({{"runs": results, "published": sorted(published)}}))
 """
 
 
@@ -148,14 +154,17 @@ def test_refresh_then_deploy_dags_run_end_to_end(tmp_path):
     try:
         code = f"RUNS = {json.dumps(runs)}\n{RUN}"
         results = run_airflow_python(code, env, timeout=1500)
+        _check(ws, rankers, results)
     finally:
-        from typer.testing import CliRunner
-
-        from gemflow.cli import app
-
         CliRunner().invoke(app, ["undeploy", "-w", str(ws.root)])
 
-    skipped, refreshed, good, stale = results
+
+def _check(ws: Workspace, rankers: dict[str, Path], results: dict) -> None:
+    from gemflow.commands.deploy import ready_detail
+
+    skipped, refreshed, good, stale = results["runs"]
+    # only the refresh that ran published EMBEDDINGS; the skipped one (no champion yet) published nothing
+    assert results["published"] == ["gemflow.embeddings"], results["published"]
     assert skipped == {"state": "success", "tasks": {"refresh_embeddings": "skipped"}}
     assert refreshed == {"state": "success", "tasks": {"refresh_embeddings": "success"}}
     summary = json.loads(next(ws.reports(DAYS[-1]).glob("user_embedding/refresh_summary.json")).read_text())
@@ -174,5 +183,5 @@ def test_refresh_then_deploy_dags_run_end_to_end(tmp_path):
         "good",
         "promoted",
     )
-    log = (ws.root / "serving" / "server.log").read_text()
-    assert "Uvicorn running" in log or "Started server process" in log
+    live = ready_detail(state["url"])  # the restored server answers, serving the good ranker
+    assert live and live["model_version"] == "good" and live["expected_user_model_version"] == "local/u1"
