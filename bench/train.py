@@ -49,7 +49,7 @@ def run_config(
         TrainRunConfig,
         None,
         {
-            "training_set": "bench",
+            "training_set": "distributed-bench",
             "output_dir": str(out),
             "resume": "false",
             "tracking.enabled": "false",
@@ -86,8 +86,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     root = args.workdir or Path(tempfile.mkdtemp(prefix="gemflow-bench-train-"))
     ws = Workspace(root)
-    if not ws.training("bench").exists():
-        write_learnable_set(ws.training("bench"), num_users=args.users)
+    if not ws.training("distributed-bench").exists():
+        write_learnable_set(ws.training("distributed-bench"), num_users=args.users)
     peak = args.peak_tflops or measure_matmul_peak(torch.bfloat16, size=1024, seconds=3.0) / 1e12
     print(f"bf16 GEMM peak: {peak * 1e3:.1f} GFLOP/s; d_model={args.d_model}, {args.steps} steps of "
           f"{args.tokens_per_step} tokens; workspace {root}", flush=True)  # fmt: skip
