@@ -61,8 +61,8 @@ EMBEDDING_VIEW = "user_embedding"
 @dataclass
 class TrainingSetConfig:
     name: str = "default"
-    start: str = ""  # first example day, YYYY-MM-DD
-    end: str = ""  # last example day (inclusive)
+    start: str = ""  # first example day, YYYY-MM-DD; "" = the first accepted partition
+    end: str = ""  # last example day (inclusive); "" = the latest accepted partition
     valid_days: int = 1  # the days before the test days
     test_days: int = 1  # the last days of the range
     history_start: str = ""  # earliest day read into histories; "" = every accepted partition up to ``end``
@@ -70,9 +70,11 @@ class TrainingSetConfig:
     feature_service: str = "ranker_training"
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
 
-    def dates(self) -> tuple[dt.date, dt.date]:
+    def dates(self, available: list[dt.date] | None = None) -> tuple[dt.date, dt.date]:
+        """[start, end]; an empty bound is the first / latest of ``available`` accepted partitions."""
         try:
-            start, end = dt.date.fromisoformat(self.start), dt.date.fromisoformat(self.end)
+            start = dt.date.fromisoformat(self.start) if self.start or not available else min(available)
+            end = dt.date.fromisoformat(self.end) if self.end or not available else max(available)
         except ValueError as err:
             raise ValueError(
                 f"training set: start/end must be dates like 2026-01-31, got {self.start!r}, {self.end!r}"
@@ -193,7 +195,7 @@ def _write(table: pa.Table, path: Path) -> None:
 def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     """Build and write the training set ``cfg.name``; returns its manifest."""
     t0 = time.perf_counter()
-    start, end = cfg.dates()
+    start, end = cfg.dates(partition_days(ws, "offline", "events"))
     history_start = dt.date.fromisoformat(cfg.history_start) if cfg.history_start else dt.date.min
     days = [d for d in partition_days(ws, "offline", "events") if history_start <= d <= end]
     example_days = [d for d in days if d >= start]

@@ -57,9 +57,13 @@ def register(app: typer.Typer) -> None:
     @app.command("build-training-set")
     def build_training_set_cmd(
         start: Annotated[
-            str | None, typer.Option("--start", help="First example day, e.g. 2026-01-01.")
+            str | None,
+            typer.Option("--start", help="First example day, e.g. 2026-01-01 (default: the first ingested)."),
         ] = None,
-        end: Annotated[str | None, typer.Option("--end", help="Last example day (inclusive).")] = None,
+        end: Annotated[
+            str | None,
+            typer.Option("--end", help="Last example day, inclusive (default: the latest ingested)."),
+        ] = None,
         name: Annotated[
             str | None, typer.Option("--name", "-n", help="Folder under <workspace>/training/.")
         ] = None,
