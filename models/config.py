@@ -41,11 +41,12 @@ class RankerConfig:
     d_model: int = 64
     num_layers: int = 2  # stacked target-aware blocks
     num_heads: int = 4
-    ffn_mult: int = 4
     dropout: float = 0.0
     recent_events: int = 64  # fresh events read at request time (features.schema.RECENT_EVENTS)
     time_buckets: int = 32
-    interaction_layers: int = 1  # self-attention layers over one candidate's feature tokens
+    ffn_mult: int = 2  # query-side FFN width: it runs once per candidate, so it sets the serving cost
+    interaction_layers: int = 0  # self-attention layers over one candidate's 6 head tokens (cost per cand)
+    head_hidden: int = 0  # hidden width of the click/conversion MLP; 0 = d_model
     pooling: str = "target"  # "target" (target-aware MHA) | "mean" | "din" (ablations)
     use_user_tokens: bool = True  # False = the online-only ablation
     num_user_tokens: int = 4  # how the flat cached embedding splits into tokens

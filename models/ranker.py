@@ -5,8 +5,12 @@
                                     profile (age, gender, country) -> tokens         ┘
     candidates (N per request):     ids + dense features -> tokens -> query
                                     L x TargetAwareBlock(query over the user's context K/V)
-                                    FeatureInteraction over [query, candidate tokens, profile tokens]
-                                    MLP -> p_click, p_conversion logits
+                                    [read query, read * candidate, candidate token, profile tokens]
+                                    (optional FeatureInteraction over these few tokens) -> MLP -> logits
+
+The candidate enters as ONE token (the sum of its id embeddings + a projection of its dense features), so the
+per-candidate cost is the L small query-side blocks plus the head, ~0.1-0.2 MFLOP at the default config
+(``bench/serve.py``, ``docs/model-results.md``): serving 1,000 candidates stays cheap on CPU.
 
 ``user_side`` computes everything that does not depend on the candidate, including every block's K/V, so
 scoring thousands of candidates reuses it (``score``). Ablations (config flags): ``pooling="mean"`` (mean of
@@ -62,8 +66,6 @@ class Ranker(nn.Module):
         self.events = EventTokenizer(d)
         self.user_proj = nn.Linear(user_token_dim, d) if cfg.use_user_tokens and user_token_dim else None
         self.age = DenseTokens(1, d)
-        self.cand_dense = DenseTokens(num_dense, d)
-        num_cand_tokens = len(CANDIDATE_ID_FIELDS) + num_dense
         # the query is built like an event token (sum of its id embeddings) so it lives in the same space
         self.query_dense = nn.Linear(num_dense, d)
         self.query_norm = nn.LayerNorm(d)
@@ -76,7 +78,7 @@ class Ranker(nn.Module):
         self.interaction = FeatureInteraction(
             d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.interaction_layers, cfg.attention_backend
         )
-        self.head = mlp_head((2 + num_cand_tokens + PROFILE_TOKENS) * d, 2 * d, 2, cfg.dropout)
+        self.head = mlp_head((3 + PROFILE_TOKENS) * d, cfg.head_hidden or d, 2, cfg.dropout)
 
     def user_side(
         self,
@@ -114,9 +116,8 @@ class Ranker(nn.Module):
         b = side.offsets.numel() - 1
         per_user = cands.offsets[1:] - cands.offsets[:-1]
         emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
-        ids = torch.stack([emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS], 1)
-        q0 = self.query_norm(ids.sum(1) + self.query_dense(cands.dense))
-        cand = torch.cat([ids, self.cand_dense(cands.dense)], 1)  # (N, T, d) feature tokens
+        ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
+        q0 = self.query_norm(ids + self.query_dense(cands.dense))  # the candidate's one token
         q = q0
         cand_user = segment_ids(cands.offsets)
         if self.cfg.pooling == "target":
@@ -127,7 +128,7 @@ class Ranker(nn.Module):
         else:
             q = q + self.din(q, cands.offsets, side.context, side.offsets)
         # q * q0 exposes how well what the candidate read from the context matches the candidate itself
-        tokens = torch.cat([q[:, None], (q * q0)[:, None], cand, side.profile[cand_user]], 1)
+        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), side.profile[cand_user]], 1)
         return self.head(self.interaction(tokens))
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
