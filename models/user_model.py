@@ -83,7 +83,10 @@ class UserModel(nn.Module):
             return (queries + segment_mean(states, offsets)).view(b, k, d)
         q_offsets = torch.arange(b + 1, device=offsets.device) * k
         read = self.summary(queries, q_offsets, self.summary.project_kv(states), offsets)
-        return (queries + read).view(b, k, d)
+        # the mean of the states is a residual path every token carries: from step 0 the cached tokens hold
+        # the whole history's profile (long-term interests), and the K queries learn what to add on top of it
+        pooled = segment_mean(states, offsets).repeat_interleave(k, 0)
+        return (queries + read + pooled).view(b, k, d)
 
     # ------------------------------------------------------------------------------------- training head
     def candidate_tokens(self, cands: Candidates, batch_size: int) -> torch.Tensor:
