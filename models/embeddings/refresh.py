@@ -95,7 +95,7 @@ def load_champion(model_uri: str, tracking_uri: str = "", ws: Workspace | None =
     if not model_uri.startswith("models:/"):
         if not path.exists():
             raise FileNotFoundError(f"{model_uri!r} is neither a models:/ URI nor an existing model.pt")
-        bundle = load_bundle(path)
+        bundle = load_local(path)
         return _checked(Champion(bundle, f"local/{bundle.version or path.resolve().parent.name}", str(path)))
     match = MODEL_URI.match(model_uri)
     if not match:
@@ -114,6 +114,16 @@ def load_champion(model_uri: str, tracking_uri: str = "", ws: Workspace | None =
     except MlflowException as err:
         raise LookupError(f"cannot load {model_uri} from {client.tracking_uri}: {err.message}") from err
     return _checked(Champion(bundle, f"{name}/{version}", pinned))
+
+
+def load_local(path: Path) -> ModelBundle:
+    """``load_bundle`` with a named error when the file was written by an incompatible model version."""
+    try:
+        return load_bundle(path)
+    except RuntimeError as err:  # load_state_dict: parameters renamed or reshaped since the file was written
+        raise ValueError(
+            f"{path} does not fit this code's model definition: {' '.join(str(err).split())[:300]}"
+        ) from err
 
 
 def _checked(champion: Champion) -> Champion:

@@ -16,7 +16,7 @@ import numpy as np
 
 from features.feature_repo.offline import partition_days, read_partition
 from gemflow.workspace import Workspace
-from models.embeddings.refresh import EMBEDDING_TABLE, MODEL_URI, mlflow_client
+from models.embeddings.refresh import EMBEDDING_TABLE, MODEL_URI, load_local, mlflow_client
 
 RANKER_CHAMPION_URI = "models:/gem-ranker@champion"
 VERSION_TAG = "gemflow.user_model_version"
@@ -62,9 +62,9 @@ def expected_versions(
 ) -> tuple[str, list[str]]:
     """(the ranker version checked, the user-model versions it expects) for a registry URI or a model.pt."""
     if not ranker_uri.startswith("models:/"):
-        from models.inference import load_bundle
-
-        bundle = load_bundle(Path(ranker_uri))
+        bundle = load_local(Path(ranker_uri))
+        if bundle.kind != "ranker":
+            raise ValueError(f"{ranker_uri} is a {bundle.kind} model, not a ranker")
         return f"local/{bundle.version or Path(ranker_uri).name}", _split(bundle.user_model_version)
     match = MODEL_URI.match(ranker_uri)
     if not match:
@@ -110,8 +110,18 @@ def online_versions(store, user_ids: np.ndarray) -> list[str | None]:
     """The ``model_version`` online for each user (None where the user has no embedding)."""
     if len(user_ids) == 0:
         return []
+    from feast.errors import FeastObjectNotFoundException
+
     rows = [{"user_id": int(u)} for u in user_ids]
-    out = store.get_online_features(features=[f"{EMBEDDING_TABLE}:model_version"], entity_rows=rows).to_dict()
+    try:
+        out = store.get_online_features(
+            features=[f"{EMBEDDING_TABLE}:model_version"], entity_rows=rows
+        ).to_dict()
+    except FeastObjectNotFoundException as err:
+        raise LookupError(
+            f"the feature store at {store.repo_path} has no {EMBEDDING_TABLE} view yet "
+            "(run `gemflow ingest` and `gemflow refresh-embeddings` first)"
+        ) from err
     return list(out["model_version"])
 
 
