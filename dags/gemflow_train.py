@@ -4,7 +4,7 @@ FEATURES -> build this run's training set -> distributed training (``gemflow tra
 DeepSpeed + torchrec ranks; locally N processes through the CLI, on a cluster the same CLI in the project
 image) -> USER_MODEL. Both names derive from the DAG run, so a task retry rebuilds the same training set and
 relaunches the same training run, which resumes from its latest checkpoint instead of starting over.
-Param: ``nproc`` (ranks); the model and distributed settings are the run config's defaults.
+Params: ``nproc`` (ranks) and ``config`` (a training YAML; "" = the defaults of ``TrainRunConfig``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ RUN = "{{ dag_run.run_id | replace(':', '-') | replace('+', '-') }}"
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     max_active_runs=1,
-    params={"nproc": 2},
+    params={"nproc": 2, "config": ""},
     tags=["gemflow", "training"],
 )
 def gemflow_train():
@@ -35,6 +35,7 @@ def gemflow_train():
         "--model", "user",
         "--training-set", f"user-{RUN}",
         "--nproc", "{{ params.nproc }}",
+        "--config", "{{ params.config }}",
         "--set", f"tracking.run_name=user-{RUN}",
         outlets=(USER_MODEL,),
     )  # fmt: skip

@@ -27,7 +27,13 @@ def workspace(path: Path | None) -> Workspace:
 
 
 def config(cls: type[T], path: Path | None, overrides: list[str] | None, **flags) -> T:
-    """Defaults < file < --set < explicit flags (flags left at None do not override)."""
+    """Defaults < file < --set < explicit flags (flags left at None do not override).
+
+    An empty ``--config ""`` means "no file" (DAGs template the path and may leave it empty)."""
+    if path is not None and str(path) in ("", "."):
+        path = None
+    if path is not None and not Path(path).is_file():
+        raise typer.BadParameter(f"config file {path} does not exist")
     try:
         pairs = dict(_pairs(overrides or []))
         pairs.update({k: v for k, v in flags.items() if v is not None})
