@@ -96,8 +96,8 @@ def run(args) -> dict:
     variants = args.variants.split(",")
     embeddings = None
     if "multi_stage" in variants:  # the cached tokens come from the user model, embedded as of each example
-        user = fit("user_model", {"model": "user"})
-        embeddings = embed_examples(load_bundle(user.run_dir), data)
+        user_dir = Path(args.user_model) if args.user_model else fit("user_model", {"model": "user"}).run_dir
+        embeddings = embed_examples(load_bundle(user_dir), data)
     for name in variants:
         overrides = VARIANTS[name]
         fit(
@@ -157,6 +157,7 @@ def main() -> None:
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
     )
+    p.add_argument("--user-model", default="", help="reuse this trained user-model run dir for multi_stage")
     p.add_argument("--loo", action="store_true", help="also leave-one-out HR/NDCG/MRR (positive-only logs)")
     p.add_argument("--negatives", type=int, default=99)
     p.add_argument("--track", action="store_true", help="log every run to MLflow in the workspace")
