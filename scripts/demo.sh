@@ -43,7 +43,8 @@ step "3. gemflow_train: training set + offline user model, tracked in MLflow (pu
 dag gemflow_train "$LAST" "{\"nproc\": 1, \"config\": \"$REPO/configs/demo-user.yaml\"}"
 
 step "4. gemflow_register: user model -> @challenger -> gate -> @champion (publishes gemflow.champion)"
-dag gemflow_register "$LAST" '{"kind": "user"}'
+# a two-minute demo model is not calibrated to production bounds: the demo widens them, the DAG's defaults do not
+dag gemflow_register "$LAST" '{"kind": "user", "calibration_low": 0.5, "calibration_high": 2.0}'
 
 step "5. gemflow_refresh: champion embeddings -> Feast user_embedding, tagged with its version (gemflow.embeddings)"
 dag gemflow_refresh "$LAST" '{"nproc": 1}'
@@ -51,7 +52,7 @@ dag gemflow_refresh "$LAST" '{"nproc": 1}'
 step "6. Online ranker on point-in-time Feast features (cached user embeddings + fresh events), gated"
 $G build-training-set --start $START --end "$LAST" --name ranker-demo >/dev/null
 $G train --model ranker -t ranker-demo -c configs/demo-ranker.yaml -s tracking.run_name=ranker-demo | tail -n 3
-$G register-run --kind ranker --run-dir "$GEMFLOW_HOME/models/ranker/ranker-demo" -t ranker-demo
+$G register-run --kind ranker --run-dir "$GEMFLOW_HOME/models/ranker/ranker-demo" --calibration-low 0.5 --calibration-high 2.0
 
 step "7. gemflow_deploy: KServe model server (local) -> smoke test -> promote"
 dag gemflow_deploy "$LAST" "{\"port\": $PORT}"

@@ -44,12 +44,27 @@ def latest_run(ws, kind: str) -> Path:
     return runs[-1].parent
 
 
+def _run_training_set(run: Path) -> str:
+    """The training set a run recorded in its config.yaml (what the gate judges on by default)."""
+    import yaml
+
+    cfg = run / "config.yaml"
+    if not cfg.exists():
+        raise FileNotFoundError(f"{run} has no config.yaml: pass --training-set")
+    return str((yaml.safe_load(cfg.read_text()) or {}).get("training_set") or "default")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("register-run")
     def register_run_cmd(
         training_set: Annotated[
-            str, typer.Option("--training-set", "-t", help="Held-out data the gate judges on (name or path).")
-        ] = "default",
+            str,
+            typer.Option(
+                "--training-set",
+                "-t",
+                help="Held-out data the gate judges on (name or path); default: the run's own training set.",
+            ),
+        ] = "",
         kind: Annotated[str, typer.Option(help="user or ranker.")] = "user",
         run_dir: Annotated[
             str,
@@ -77,6 +92,7 @@ def register(app: typer.Typer) -> None:
             raise _fail(ValueError(f"--kind must be user or ranker, got {kind!r}"))
         try:
             run = Path(run_dir) if run_dir else latest_run(w, kind)
+            training_set = training_set or _run_training_set(run)
             data = Path(training_set) if Path(training_set).is_dir() else w.training(training_set)
             mlflow_client(tracking_uri, w)
             version = register_bundle(run, data)

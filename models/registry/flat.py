@@ -21,11 +21,13 @@ from features.schema import HISTORY_FIELDS
 from models.data import TrainingSet
 
 HIST = "hist_"
+JOIN_TIMESTAMPS = ("event_timestamp", "created_timestamp")
 
 
 def to_frame(data: TrainingSet, rows: np.ndarray, max_history: int) -> pd.DataFrame:
     base = data.ranker if data.ranker is not None else data.examples
-    frame = base.iloc[rows].reset_index(drop=True).copy()
+    # Feast's join timestamps are bookkeeping, not model inputs (and MLflow schemas take no tz-aware times)
+    frame = base.iloc[rows].drop(columns=list(JOIN_TIMESTAMPS), errors="ignore").reset_index(drop=True)
     for col in data.examples.columns:  # examples' columns win (ids, cut, labels)
         frame[col] = data.examples[col].to_numpy()[rows]
     ex = data.examples
