@@ -17,6 +17,7 @@ from models.scaling.fit import fit_log_linear, fit_power_law, frontier
 
 AXIS_COLORS = {"depth": "tab:blue", "width": "tab:orange", "seq_len": "tab:green", "diversity": "tab:purple"}
 NE = "test_ne"
+ALPHA_RANGE = (1e-3, 4.99)  # fit_power_law bounds alpha to [0, 5]
 
 
 def _group(results: dict[str, dict], name: str) -> list[dict]:
@@ -35,6 +36,8 @@ def _fit_summary(points: list[dict], min_decades: float) -> dict:
     out |= {"a": fit.a, "b": fit.b, "r2": fit.r2, "b_ci": [lo, hi], "log_linear": fit}
     try:
         power = fit_power_law(c, y)
+        if not ALPHA_RANGE[0] < power.alpha < ALPHA_RANGE[1]:  # collapsed onto a bound: no power law here
+            raise ValueError(f"degenerate power law (alpha {power.alpha:.3g} at its bound)")
         out |= {"power_law": power, "power_r2": power.r2, "alpha": power.alpha, "E": power.e}
     except ValueError as err:
         out["power_law_error"] = str(err)
@@ -285,7 +288,9 @@ def markdown(
             continue
         if "b" in fit:
             power = (
-                f"α={fit['alpha']:.2f}, E={fit['E']:.3f}, R²={fit['power_r2']:.2f}" if "alpha" in fit else "-"
+                f"α={fit['alpha']:.2f}, E={fit['E']:.3f}, R²={fit['power_r2']:.2f}"
+                if "alpha" in fit
+                else fit.get("power_law_error", "-")
             )
             lines.append(f"| {name} | {fit['n']} | {fit['decades']:.2f} | a={fit['a']:.3f}, b={fit['b']:.4f} | "
                          f"{fit['r2']:.3f} | [{fit['b_ci'][0]:.4f}, {fit['b_ci'][1]:.4f}] | {power} | {fit['verdict']} |")  # fmt: skip
