@@ -47,6 +47,11 @@ step "4. gemflow_register: user model -> @challenger -> gate -> @champion (publi
 dag gemflow_register "$LAST" '{"kind": "user", "calibration_low": 0.5, "calibration_high": 2.0}'
 
 step "5. gemflow_refresh: champion embeddings -> Feast user_embedding, tagged with its version (gemflow.embeddings)"
+# On a schedule the refresh runs after every ingested day; the demo backfills the earlier days first, so each
+# ranker example below joins the embedding that was live at its time (point in time), then runs the DAG.
+for i in $(seq 0 $((DAYS - 2))); do
+  $G refresh-embeddings --date "$(date -u -d "$START + $i day" +%F)" --nproc 1 | tail -n 1
+done
 dag gemflow_refresh "$LAST" '{"nproc": 1}'
 
 step "6. Online ranker on point-in-time Feast features (cached user embeddings + fresh events), gated"
