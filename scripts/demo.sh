@@ -17,7 +17,7 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$REPO/.cache/torch_extension
 G=$GEMFLOW_BIN
 AIRFLOW=$REPO/.venv-airflow/bin/airflow
 START=2026-01-01
-DAYS=${DEMO_DAYS:-4}
+DAYS=${DEMO_DAYS:-3}
 PORT=${DEMO_PORT:-8080}
 LAST=$(date -u -d "$START + $((DAYS - 1)) day" +%F)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

@@ -30,6 +30,10 @@ def to_frame(data: TrainingSet, rows: np.ndarray, max_history: int) -> pd.DataFr
     frame = base.iloc[rows].drop(columns=list(JOIN_TIMESTAMPS), errors="ignore").reset_index(drop=True)
     for col in data.examples.columns:  # examples' columns win (ids, cut, labels)
         frame[col] = data.examples[col].to_numpy()[rows]
+    for col in frame.columns:  # float lists as float64: what MLflow's schema check converts them to
+        first = frame[col].dropna().head(1).tolist()
+        if first and isinstance(first[0], list | np.ndarray) and np.asarray(first[0]).dtype.kind == "f":
+            frame[col] = [None if v is None else np.asarray(v, np.float64) for v in frame[col]]
     ex = data.examples
     user_row, cut = ex["user_row"].to_numpy()[rows], ex["cut"].to_numpy()[rows]
     start = data.seq_offsets[user_row] + np.maximum(0, cut - max_history)
