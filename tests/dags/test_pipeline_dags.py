@@ -61,7 +61,7 @@ def test_pipeline_dags_wiring(tmp_path):
         gate = reg["tasks"]["register_and_gate"]
         assert gate["outlets"] == ["gemflow.champion"] and gate["operator"] == operator
         assert [c for c in gate["command"] if not c.startswith("{{")] == [
-            "register-run", "--kind", "--run-dir", "--training-set",
+            "register-run", "--kind", "--run-dir", "--training-set", "--calibration-low", "--calibration-high",
         ]  # fmt: skip
 
         assert ref["schedule"] == ["AssetAny", ["gemflow.champion", "gemflow.features"]]
