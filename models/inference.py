@@ -1,7 +1,9 @@
 """Saving, loading and running trained models: predictions over example rows, user embeddings per example.
 
 A trained model is one file, ``model.pt``, holding its kind, config, vocabulary, dense-feature normalization
-and weights (plain tensors and Python values, loadable with ``weights_only=True``).
+and weights (plain tensors and Python values, loadable with ``weights_only=True``). A user model trained with
+mixture-of-experts blocks (``gemflow train --nproc``, DeepSpeed MoE) also records ``moe`` (experts, top-k): its
+blocks load as the plain-PyTorch ``models.layers.MixtureOfExperts``, so no DeepSpeed is needed to use it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tqdm import tqdm
 from gemflow.config import load_config, to_dict
 from models.config import RankerConfig, UserModelConfig
 from models.data import BatchBuilder, DenseSpec, TrainingSet
+from models.layers import use_moe_ffn
 from models.ranker import Ranker
 from models.user_model import UserModel
 
@@ -32,15 +35,21 @@ class ModelBundle:
     user_token_dim: int
     version: str  # the run that trained it (cached embeddings carry it)
     user_model_version: str  # ranker: the user-model version its cached tokens came from
+    moe: dict | None = None  # {"num_experts", "top_k"} when the blocks named "moe" in cfg.ffn are MoE
 
     @property
     def cfg(self):
         return self.model.cfg
 
 
-def build_model(kind: str, cfg, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0):
+def build_model(
+    kind: str, cfg, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0, moe: dict | None = None
+):
     if kind == "user":
-        return UserModel(cfg, vocab, num_dense)
+        model = UserModel(cfg, vocab, num_dense)
+        if moe and "moe" in cfg.ffn:
+            use_moe_ffn(model.blocks, cfg.ffn, moe["num_experts"], moe["top_k"])
+        return model
     return Ranker(cfg, vocab, num_dense, user_token_dim)
 
 
@@ -55,6 +64,8 @@ def save_bundle(path: Path, bundle: ModelBundle, state_dict: dict[str, torch.Ten
         "user_model_version": bundle.user_model_version,
         "state_dict": state_dict if state_dict is not None else bundle.model.state_dict(),
     }
+    if bundle.moe:
+        payload["moe"] = {"num_experts": int(bundle.moe["num_experts"]), "top_k": int(bundle.moe["top_k"])}
     atomic_save(payload, path)
 
 
@@ -68,12 +79,15 @@ def load_bundle(path: str | Path) -> ModelBundle:
     cls = UserModelConfig if payload["kind"] == "user" else RankerConfig
     cfg = load_config(cls, None, payload["config"])
     dense = DenseSpec(**payload["dense"])
-    model = build_model(payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"])
+    moe = payload.get("moe")
+    model = build_model(
+        payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"], moe
+    )
     model.load_state_dict(payload["state_dict"])
     model.eval()
     return ModelBundle(
         payload["kind"], model, payload["vocab"], dense, payload["user_token_dim"], payload["version"],
-        payload["user_model_version"],
+        payload["user_model_version"], moe,
     )  # fmt: skip
 
 

@@ -75,6 +75,49 @@ def make_ffn(dim: int, mult: int, dropout: float) -> nn.Module:
     return FeedForward(dim, mult, dropout)
 
 
+class MixtureOfExperts(nn.Module):
+    """Top-k mixture of ``FeedForward`` experts in plain PyTorch: the inference form of the DeepSpeed MoE blocks
+    that ``gemflow train --nproc`` trains (``models.distributed.moe``), loadable without DeepSpeed.
+
+    Gating as DeepSpeed's top-1 / top-2 gates: fp32 logits ``x @ gate.weight.T`` (no bias), softmax over the
+    experts; top-1 scales the chosen expert's output by its probability, top-2 by the two probabilities
+    renormalized to sum 1 (the second expert is the runner-up, not sampled). Every token reaches its experts:
+    no capacity limit, nothing dropped (DeepSpeed drops tokens over an expert's capacity only while training).
+    """
+
+    def __init__(self, dim: int, mult: int, dropout: float, num_experts: int, top_k: int = 1):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"MixtureOfExperts: top_k={top_k} must be in 1..num_experts={num_experts}")
+        self.top_k = top_k
+        self.gate = nn.Linear(dim, num_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(dim, mult, dropout) for _ in range(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(nn.functional.linear(x.float(), self.gate.weight.float()), dim=-1)
+        weight, expert_of = probs.topk(self.top_k, dim=-1)  # (total, k)
+        if self.top_k > 1:
+            weight = weight / weight.sum(-1, keepdim=True).clamp(min=torch.finfo(weight.dtype).eps)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # routes summed in fp32
+        for e, expert in enumerate(self.experts):
+            token, route = (expert_of == e).nonzero(as_tuple=True)
+            if token.numel():
+                out.index_add_(0, token, expert(x[token]).float() * weight[token, route, None])
+        return out.to(x.dtype)
+
+
+def use_moe_ffn(blocks: nn.ModuleList, kinds: list[str], num_experts: int, top_k: int) -> int:
+    """Replace ``blocks[i].ffn`` by a ``MixtureOfExperts`` of the same width where ``kinds[i] == "moe"``."""
+    swapped = 0
+    for block, kind in zip(blocks, kinds, strict=True):
+        if kind == "moe":
+            first, drop = block.ffn.net[0], block.ffn.net[3]
+            mult = first.out_features // first.in_features
+            block.ffn = MixtureOfExperts(first.in_features, mult, drop.p, num_experts, top_k)
+            swapped += 1
+    return swapped
+
+
 class JaggedSelfAttention(nn.Module):
     """Multi-head self-attention within each sequence, with learned relative position / time-gap biases."""
 

@@ -22,7 +22,10 @@ class MoEConfig:
     ep_size: int = 1  # ranks the experts are split across (divides nproc and num_experts)
     top_k: int = 1  # experts per token (1 or 2)
     capacity_factor: float = 1.25  # slots per expert = factor * tokens / experts while training
-    eval_capacity_factor: float = 2.0
+    eval_capacity_factor: float = 2.0  # used only with eval_drop_tokens
+    # false: evaluation routes every token to its experts (no capacity limit, top-2 without sampling), exactly
+    # what the exported plain-PyTorch model (models.layers.MixtureOfExperts) computes
+    eval_drop_tokens: bool = False
     min_capacity: int = 4
     aux_loss_weight: float = 0.01  # load-balancing loss added to the training loss
 

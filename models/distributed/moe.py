@@ -12,9 +12,16 @@ the largest count in its expert-parallel group (one all-reduce of a scalar), pad
 
 The load-balancing loss of the latest forward is kept on the module (``aux_loss``); ``moe_aux_loss`` sums it
 over a model for the training loss, ``expert_counts`` reports tokens per expert for logging.
+
+Evaluation (``eval()``) routes every token to its top-k experts, without a capacity limit and without the
+random second-expert sampling of top-2 (unless ``moe.eval_drop_tokens``): the function the exported model
+computes. ``export_state_dict`` turns the engine's weights into that plain-PyTorch form
+(``models.layers.MixtureOfExperts``), gathering each rank's experts.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.distributed as dist
@@ -51,6 +58,7 @@ class MoEFeedForward(nn.Module):
                 for m in expert.modules():
                     if isinstance(m, nn.Linear):
                         m.reset_parameters()
+        self.eval_drop_tokens = cfg.eval_drop_tokens
         self.aux_loss: torch.Tensor | None = None
         self.expert_counts: torch.Tensor | None = None
 
@@ -66,6 +74,9 @@ class MoEFeedForward(nn.Module):
             n = torch.tensor([padded], dtype=torch.int64)
             dist.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
             padded = int(n.item())
+        gate = self.moe.deepspeed_moe.gate
+        gate.drop_tokens = self.training or self.eval_drop_tokens  # no capacity drop at evaluation
+        gate.top2_2nd_expert_sampling = self.training  # deterministic top-2 at evaluation
         used = None
         if padded > total:
             x = torch.cat([x, x.new_zeros(padded - total, x.shape[1])])
@@ -100,3 +111,38 @@ def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
     """Sum of the load-balancing losses of the latest forward (None without MoE blocks)."""
     losses = [m.aux_loss for m in moe_layers(model) if m.aux_loss is not None]
     return torch.stack([loss.float() for loss in losses]).sum() if losses else None
+
+
+# DeepSpeed's module paths -> the plain MixtureOfExperts' (``models.layers``)
+_DS_GATE = ".ffn.moe.deepspeed_moe.gate.wg."
+_DS_EXPERT = re.compile(r"\.ffn\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.")
+
+
+def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """``state`` (the engine's dense state dict, fp32 on CPU, keys as in ``model``) with every MoE block in the
+    plain ``MixtureOfExperts`` layout and every expert present: ``blocks.i.ffn.gate.weight``,
+    ``blocks.i.ffn.experts.<global expert>.net...``. A rank holds only its ``num_experts / ep_size`` experts
+    (local index j is global expert ``ep_rank * local + j``), so every rank sends its own and rank 0 gets the
+    whole set (other ranks get {}). Collective when distributed: every rank calls it.
+    """
+    layers = moe_layers(model)
+    group = layers[0]._ep_group() if layers else None
+    ep_rank = dist.get_rank(group=group) if group is not None else 0
+    local = layers[0].moe.num_local_experts if layers else 0  # the same in every block (one MoEConfig)
+    plain, mine = {}, {}
+    for key, value in state.items():
+        expert = _DS_EXPERT.search(key)
+        if expert:
+            global_id = ep_rank * local + int(expert.group(1))
+            mine[_DS_EXPERT.sub(f".ffn.experts.{global_id}.", key)] = value
+        else:
+            plain[key.replace(_DS_GATE, ".ffn.gate.")] = value
+    if not (dist.is_available() and dist.is_initialized()):
+        return {**plain, **mine}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)  # data-parallel replicas of an expert send equal copies
+    if rank != 0:
+        return {}
+    for part in everyone:
+        plain.update(part)
+    return plain

@@ -40,7 +40,7 @@ from models.distributed.ds_config import deepspeed_config
 from models.distributed.fp8 import convert_to_float8
 from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
-from models.distributed.moe import moe_aux_loss, moe_layers, swap_in_moe
+from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
 from models.metrics import binary_metrics
 
 log = logging.getLogger("gemflow.distributed")
@@ -215,6 +215,16 @@ def forward_loss(p: Parts, rows: np.ndarray, global_examples: int):
 
 
 @torch.no_grad()
+def engine_logits(p: Parts, rows: np.ndarray) -> torch.Tensor:
+    """(N, 2) fp32 logits of the engine (in its current mode) on ``rows``; collective (sharded lookups, MoE)."""
+    batch = p.setup.builder(rows).to(p.device)
+    ids, _ = sparse_ids(p.tower.model, batch)
+    emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
+    logits, _ = p.engine(emb, cast_batch(batch, p.dtype))
+    return logits.float().cpu()
+
+
+@torch.no_grad()
 def evaluate(p: Parts, rows: np.ndarray, prefix: str) -> dict[str, float]:
     """Metrics over ``rows``, computed by all ranks together (each scores an equal share, then all-gather)."""
     if len(rows) == 0:
@@ -224,15 +234,8 @@ def evaluate(p: Parts, rows: np.ndarray, prefix: str) -> dict[str, float]:
     per_rank = math.ceil(len(rows) / p.world)
     padded = np.concatenate([rows, np.repeat(rows[:1], per_rank * p.world - len(rows))])  # equal shares
     mine = padded[p.rank * per_rank : (p.rank + 1) * per_rank]
-    probs = []
     bs = p.cfg.optim.eval_batch_size
-    for start in range(0, len(mine), bs):
-        chunk = mine[start : start + bs]
-        batch = p.setup.builder(chunk).to(p.device)
-        ids, _ = sparse_ids(p.tower.model, batch)
-        emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
-        logits, _ = engine(emb, cast_batch(batch, p.dtype))
-        probs.append(torch.sigmoid(logits.float()).cpu())
+    probs = [torch.sigmoid(engine_logits(p, mine[start : start + bs])) for start in range(0, len(mine), bs)]
     engine.train()
     everyone = [None] * p.world
     dist.all_gather_object(everyone, torch.cat(probs).numpy())
@@ -465,28 +468,58 @@ def _tracker(cfg: TrainRunConfig, ws: Workspace, state: RunState):
     return tracker
 
 
-def _finish(p: Parts, run_dir: Path, state: RunState, tracker) -> dict[str, float]:
-    """Final validation + test metrics, the exported model (dense FFNs only), metrics.json; rank 0 writes."""
-    from models.inference import save_bundle
+EXPORT_CHECK_ROWS = 64  # validation examples the exported model is checked on against the engine
 
+
+def export_model(p: Parts, run_dir: Path, state: RunState) -> float | None:
+    """Write ``model.pt`` (rank 0): the standard bundle of ``models.inference``, loadable without DeepSpeed or
+    torchrec. Full embedding tables gathered from their shards; MoE blocks as plain ``MixtureOfExperts`` with
+    every rank's experts (``moe.export_state_dict``). Then the exported model is loaded back and scores a
+    validation batch the engine also scores (eval mode): returns the largest |logit difference| (rank 0; None
+    elsewhere or without validation rows). Collective: every rank calls it.
+    """
+    from models.inference import load_bundle, save_bundle
+
+    tables = gather_full_tables(p.dmp, p.rank)
+    dense = {
+        k.removeprefix("model."): v.detach().float().cpu() for k, v in p.engine.module.state_dict().items()
+    }
+    dense = export_state_dict(p.tower.model, dense, p.rank)
+    rows = p.setup.valid_rows[:EXPORT_CHECK_ROWS]
+    reference = None
+    if len(rows):
+        p.engine.eval()
+        reference = engine_logits(p, rows)
+        p.engine.train()
+    if p.rank != 0:
+        return None
+    bundle = p.setup.bundle
+    bundle.version = state.run_id or run_dir.name
+    if moe_layers(p.tower):
+        bundle.moe = {"num_experts": p.cfg.distributed.moe.num_experts, "top_k": p.cfg.distributed.moe.top_k}
+    sparse = {f"sparse.{k}": v for k, v in tables.items()}
+    save_bundle(run_dir / "model.pt", bundle, state_dict={**dense, **sparse})
+    if reference is None:
+        return None
+    with torch.no_grad():
+        exported, _ = load_bundle(run_dir / "model.pt").model(p.setup.builder(rows))
+    diff = float((exported.float() - reference).abs().max())
+    log.info("exported model.pt; max |logit - engine logit| on %d validation rows: %.2e (engine %s%s)",
+             len(rows), diff, p.cfg.distributed.precision, ", fp8" if p.fp8_modules else "")  # fmt: skip
+    return diff
+
+
+def _finish(p: Parts, run_dir: Path, state: RunState, tracker) -> dict[str, float]:
+    """Final validation + test metrics, the exported model, metrics.json; rank 0 writes."""
     final = {"steps": float(state.step)}
     final |= evaluate(p, p.setup.valid_rows, "valid_")
     final |= evaluate(p, p.setup.test_rows, "test_")
     if state.history:
         final["initial_valid_ne"] = state.history[0]["valid_ne"]
-    tables = gather_full_tables(p.dmp, p.rank)
-    dense = {
-        k.removeprefix("model."): v.detach().float().cpu() for k, v in p.engine.module.state_dict().items()
-    }
+    diff = export_model(p, run_dir, state)
+    if diff is not None:
+        final["export_max_abs_logit_diff"] = diff
     if p.rank == 0:
-        if moe_layers(p.tower):
-            log.warning("MoE blocks: model.pt is not exported (the inference model has dense FFNs only); "
-                        "the DeepSpeed checkpoint under checkpoints/ holds the trained experts")  # fmt: skip
-        else:
-            bundle = p.setup.bundle
-            bundle.version = state.run_id or run_dir.name
-            sparse = {f"sparse.{k}": v for k, v in tables.items()}
-            save_bundle(run_dir / "model.pt", bundle, state_dict={**dense, **sparse})
         (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
         (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
         if tracker is not None:
