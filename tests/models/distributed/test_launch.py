@@ -18,8 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from models.distributed.trainer import CRASH_IN_CHECKPOINT
+from models.inference import load_bundle
+from models.layers import MixtureOfExperts
 from tests.models.distributed.conftest import write_learnable_set
 
 pytestmark = pytest.mark.integration
@@ -90,6 +93,39 @@ def test_two_rank_zero2_moe_fp8_matches_one_rank_bf16_ne(workspace_root, unbroke
     perf = json.loads((run / "perf.json").read_text())
     assert perf["nproc"] == 2 and perf["moe_layers"] == 2 and perf["fp8_linears"] > 0
     assert perf["token_imbalance_mean"] < 1.2
+    assert isinstance(load_bundle(run).model.blocks[0].ffn, MixtureOfExperts)  # MoE + FP8 runs export too
+
+
+def test_moe_export_gathers_both_ranks_experts_and_matches_the_engine(workspace_root):
+    """ep_size 2: each rank trains 2 of the 4 experts; model.pt holds all of them as a plain MixtureOfExperts
+    and scores like the engine's evaluation (fp32 engine, so the only difference is summation order)."""
+    run = workspace_root / "moe-export"
+    exact = {"distributed.precision": "fp32", "distributed.fp8.recipe": "none", "distributed.max_steps": 4}
+    metrics = gemflow_train(workspace_root, "moe-export", 2, {**FULL, **exact})
+    assert metrics["export_max_abs_logit_diff"] <= 1e-5
+
+    payload = torch.load(run / "model.pt", map_location="cpu", weights_only=True)
+    assert payload["moe"] == {"num_experts": 4, "top_k": 1}
+    state = payload["state_dict"]
+    assert not [k for k in state if "deepspeed" in k]
+    engine_dir = run / "checkpoints" / "step-00000004" / "dense" / "engine"
+    # experts 0-1 were trained on rank 0, 2-3 on rank 1: each equals DeepSpeed's own file of it
+    for layer in (0, 1):
+        for expert in range(4):
+            saved = torch.load(engine_dir / f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt",
+                               map_location="cpu", weights_only=False)  # fmt: skip
+            weight = next(
+                v for k, v in saved.items() if k.endswith(f"deepspeed_experts.{expert}.net.0.weight")
+            )
+            torch.testing.assert_close(
+                state[f"blocks.{layer}.ffn.experts.{expert}.net.0.weight"], weight.float()
+            )
+    # trained experts differ from each other (none is a copy of another rank's)
+    w = [state[f"blocks.0.ffn.experts.{e}.net.0.weight"] for e in range(4)]
+    assert all(not torch.equal(w[i], w[j]) for i in range(4) for j in range(i + 1, 4))
+
+    bundle = load_bundle(run)  # no DeepSpeed needed: plain PyTorch MoE blocks
+    assert isinstance(bundle.model.blocks[1].ffn, MixtureOfExperts)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 900) -> None:
