@@ -9,6 +9,12 @@ rejects; a row failing several gets the first reason in suite order. Every input
 The partition fails, with ``ValidationGateError``, when the share of quarantined rows exceeds
 ``GateConfig.max_failure_rate``, when it is much smaller than the previous accepted partition, or when a contract
 column is missing. The report (GX data docs + ``summary.json``) is written before returning or raising.
+
+The volume rule (rows >= ``min_volume_ratio`` x the previous accepted partition's rows) is set per run, so per
+source: a steady production log keeps the default (0.2: a day that lost 80% of its rows is incomplete), while a
+log whose quiet days are real (MovieLens: 927 ratings one day, 124 the next) sets ``min_volume_ratio: 0``
+(no volume rule) or ``min_volume_baseline: N`` (no rule after a previous partition of fewer than N rows, where
+swings are noise). ``configs/movielens-ingest.yaml`` is the MovieLens setting.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ UNIQUE = "expect_column_values_to_be_unique"
 @dataclass
 class GateConfig:
     max_failure_rate: float = 0.05  # quarantined share above which the partition fails the gate
-    min_volume_ratio: float = 0.2  # rows must reach this fraction of the previous accepted partition
+    min_volume_ratio: float = 0.2  # rows must reach this fraction of the previous accepted partition (0: off)
+    min_volume_baseline: int = 0  # no volume rule when the previous accepted partition had fewer rows
     clock_skew: dt.timedelta = dt.timedelta(minutes=5)  # allowance before a timestamp counts as future
     data_docs: bool = True  # render GX data docs HTML (summary.json is always written)
 
@@ -54,6 +61,10 @@ class GateConfig:
             raise ValueError(f"max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
         if self.min_volume_ratio < 0.0:
             raise ValueError(f"min_volume_ratio must be >= 0, got {self.min_volume_ratio}")
+        if isinstance(self.min_volume_baseline, bool) or not isinstance(self.min_volume_baseline, int):
+            raise ValueError(f"min_volume_baseline must be an integer, got {self.min_volume_baseline!r}")
+        if self.min_volume_baseline < 0:
+            raise ValueError(f"min_volume_baseline must be >= 0, got {self.min_volume_baseline}")
 
 
 @dataclass
@@ -105,7 +116,7 @@ def validate_partition(
     runner = GxRunner(out_dir, data_docs=config.data_docs)
     reasons = _RowReasons(len(frame))
 
-    min_rows = suites.min_rows_for(previous_count, config.min_volume_ratio)
+    min_rows = suites.min_rows_for(previous_count, config.min_volume_ratio, config.min_volume_baseline)
     checks = parsing.parse_checks(frame, schema)
     outcomes = runner.run(f"{table}_schema", frame, suites.schema_suite(table, checks, min_rows=min_rows))
     missing = [o for o in outcomes if o.expectation_type == "expect_column_to_exist" and not o.success]
@@ -197,6 +208,7 @@ def _summary(
         "config": {
             "max_failure_rate": config.max_failure_rate,
             "min_volume_ratio": config.min_volume_ratio,
+            "min_volume_baseline": config.min_volume_baseline,
             "clock_skew_s": config.clock_skew.total_seconds(),
         },
         "previous_count": previous_count,
@@ -323,7 +335,8 @@ def _gate_errors(
             errors.append(
                 f"volume dropped: {len(frame)} rows < {outcome.kwargs['min_value']} "
                 f"(min_volume_ratio {config.min_volume_ratio} x previous partition's {previous_count}) "
-                f"[{outcome.reason}]"
+                f"[{outcome.reason}]; if such quiet days are real for this source, lower "
+                f"gate.min_volume_ratio (0 turns the rule off) or set gate.min_volume_baseline"
             )
     return errors
 

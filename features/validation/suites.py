@@ -54,9 +54,14 @@ def schema_suite(
     return out
 
 
-def min_rows_for(previous_count: int | None, min_volume_ratio: float) -> int | None:
-    """The fewest rows a partition may have, given the previous accepted partition's count (None: no check)."""
-    if previous_count is None:
+def min_rows_for(
+    previous_count: int | None, min_volume_ratio: float, min_volume_baseline: int = 0
+) -> int | None:
+    """The fewest rows a partition may have, given the previous accepted partition's count (None: no check).
+
+    No check without a previous partition, with a ratio of 0, or when the previous partition is smaller than
+    ``min_volume_baseline`` (too few rows for a drop to mean anything)."""
+    if previous_count is None or min_volume_ratio == 0 or previous_count < min_volume_baseline:
         return None
     return math.ceil(previous_count * min_volume_ratio)
 

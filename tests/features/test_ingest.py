@@ -10,13 +10,15 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from features.ingest import IngestConfig, IngestError, ingest
+from features.ingest import DateIngestError, IngestConfig, IngestError, ingest, ingest_days, raw_days
 from features.store import open_store
 from features.validation import ValidationGateError
 from gemflow.cli import app
 from tests.features.helpers import DAY0, events_frame, land_days, write_raw
 
 DAY1 = DAY0 + dt.timedelta(days=1)
+DAY2 = DAY0 + dt.timedelta(days=2)
+DAY3 = DAY0 + dt.timedelta(days=3)
 USER_REFS = [
     "user_recent_events:recent_ad_ids",
     "user_recent_events:recent_time_gaps",
@@ -150,3 +152,84 @@ def test_cli_ingest_exit_codes(workspace):
 def test_a_bad_online_writer_is_a_clear_error():
     with pytest.raises(ValueError, match="online_writer must be one of"):
         IngestConfig(online_writer="turbo")
+
+
+@pytest.mark.integration  # ~15 s: five real ingestions
+def test_a_range_in_one_process_equals_one_date_at_a_time(tmp_path):
+    from gemflow.workspace import Workspace
+
+    per_date, ranged = Workspace(tmp_path / "a"), Workspace(tmp_path / "b")
+    for ws in (per_date, ranged):
+        land_days(ws, 1)
+        land_days(ws, 2, start=DAY2)  # no partition on DAY1: a day without events is no error
+    for day in (DAY0, DAY2, DAY3):
+        ingest(per_date, day, fast_config())
+    assert raw_days(ranged, DAY0, DAY3) == [DAY0, DAY2, DAY3]
+    summary = ingest_days(ranged, raw_days(ranged, DAY0, DAY3), fast_config())
+    assert (summary["dates"], summary["first"], summary["last"]) == (3, "2026-01-05", "2026-01-08")
+    assert list(summary["per_date"]) == ["2026-01-05", "2026-01-07", "2026-01-08"]
+    assert summary["accepted_events"] == sum(
+        pq.read_metadata(f).num_rows for f in ranged.root.glob("offline/events/*/*.parquet")
+    )
+    assert offline_bytes(ranged) == offline_bytes(per_date)
+    assert online_values(ranged) == online_values(per_date)
+    # each date keeps its own report, as a single-date run writes it
+    assert all((ranged.reports(d) / "ingest_summary.json").is_file() for d in (DAY0, DAY2, DAY3))
+
+
+def test_a_range_stops_at_the_first_failing_date_and_names_it(workspace):
+    land_days(workspace, 1)
+    bad = events_frame(DAY1, n=40)
+    bad.loc[bad.index[:20], "action"] = "teleport"  # 50% bad rows: the gate rejects DAY1
+    write_raw(workspace, DAY1, bad)
+    write_raw(workspace, DAY2)
+    with pytest.raises(DateIngestError, match=r"ingest stopped at 2026-01-06 \(1 earlier date\(s\)") as err:
+        ingest_days(workspace, [DAY2, DAY1, DAY0], fast_config())  # any order: oldest first
+    assert err.value.day == DAY1 and err.value.done == [DAY0]
+    assert isinstance(err.value.cause, ValidationGateError)
+    ingested = {p.parent.name for p in workspace.root.glob("offline/events/*/*.parquet")}
+    assert ingested == {"date=2026-01-05"}  # DAY2 was never reached
+
+
+def test_a_range_without_partitions_or_backwards_is_a_clear_error(workspace):
+    land_days(workspace, 1)
+    with pytest.raises(IngestError, match="no raw events partition between 2026-02-01 and 2026-02-03"):
+        raw_days(workspace, dt.date(2026, 2, 1), dt.date(2026, 2, 3))
+    with pytest.raises(ValueError, match=r"ends \(2026-01-04\) before it starts \(2026-01-05\)"):
+        raw_days(workspace, DAY0, DAY0 - dt.timedelta(days=1))
+
+
+def test_cli_ingest_range_exit_codes(workspace):
+    runner = CliRunner()
+    land_days(workspace, 1)
+    bad = events_frame(DAY1, n=40)
+    bad.loc[bad.index[:20], "action"] = "teleport"
+    write_raw(workspace, DAY1, bad)
+    common = ["--workspace", str(workspace.root), "--set", "gate.data_docs=false"]
+
+    ok = runner.invoke(app, ["ingest", "--dates", DAY0.isoformat(), *common])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output[ok.output.index("{") :])["dates"] == 1
+
+    rejected = runner.invoke(app, ["ingest", "--start", "2026-01-05", "--end", "2026-01-06", *common])
+    assert rejected.exit_code == 3
+    assert "ingest stopped at 2026-01-06" in rejected.output and "validation gate" in rejected.output
+
+    empty = runner.invoke(app, ["ingest", "--start", "2026-03-01", "--end", "2026-03-02", *common])
+    assert empty.exit_code == 2 and "no raw events partition between" in empty.output
+    missing = runner.invoke(app, ["ingest", "--dates", "2026-03-01", *common])
+    assert missing.exit_code == 2 and "ingest stopped at 2026-03-01" in missing.output
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "give exactly one of --date"),
+        (["--date", "2026-01-05", "--dates", "2026-01-05"], "got --date and --dates"),
+        (["--start", "2026-01-05"], "--start and --end go together"),
+        (["--dates", "2026-13-01"], "is not a date"),
+    ],
+)
+def test_cli_ingest_bad_date_flags_are_clear_errors(workspace, flags, message):
+    result = CliRunner().invoke(app, ["ingest", *flags, "--workspace", str(workspace.root)])
+    assert result.exit_code == 2 and message in result.output, result.output

@@ -192,6 +192,33 @@ def test_volume_drop_against_the_previous_partition_fails(tmp_path):
     _validate("events", dropped, tmp_path, ads=ads, previous_count=len(dropped) + 10)
 
 
+def test_a_quiet_day_passes_only_with_the_sources_volume_setting(tmp_path):
+    # MovieLens' 1997-10-06: 124 ratings after a day of 927 — a real quiet day, not a lost load
+    events, ads = make_partition(n=124)
+    strict = GateConfig(data_docs=False)  # the default volume rule (0.2 x previous)
+    with pytest.raises(ValidationGateError, match=r"volume dropped: 124 rows < 186 .*gate.min_volume_ratio"):
+        _validate("events", events, tmp_path, ads=ads, previous_count=927, config=strict)
+
+    for setting in ({"min_volume_ratio": 0.0}, {"min_volume_baseline": 1_000}):
+        config = GateConfig(data_docs=False, **setting)
+        result = _validate("events", events, tmp_path, ads=ads, previous_count=927, config=config)
+        assert len(result.accepted) == 124 and result.errors == []
+        summary = json.loads(result.summary_path.read_text())
+        assert summary["passed"] and not any("volume" in e["reason"] for e in summary["expectations"])
+        assert summary["config"]["min_volume_baseline"] == config.min_volume_baseline
+
+    # a baseline below the previous partition keeps the rule
+    with pytest.raises(ValidationGateError, match="volume dropped"):
+        config = GateConfig(data_docs=False, min_volume_baseline=500)
+        _validate("events", events, tmp_path, ads=ads, previous_count=927, config=config)
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "many", True])
+def test_a_bad_volume_baseline_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="min_volume_baseline must be"):
+        GateConfig(min_volume_baseline=bad)
+
+
 def test_missing_column_quarantines_everything_and_fails(tmp_path):
     events, ads = make_partition(n=100)
     with pytest.raises(ValidationGateError, match="missing column") as err:
