@@ -93,7 +93,7 @@ def run(args) -> dict:
     from models.train import resolve_training_set
 
     data = TrainingSet(resolve_training_set(training_set, ws))
-    variants = args.variants.split(",")
+    variants = [v for v in args.variants.split(",") if v]  # "" with --loo: the leave-one-out rows only
     embeddings = None
     if "multi_stage" in variants:  # the cached tokens come from the user model, embedded as of each example
         user_dir = Path(args.user_model) if args.user_model else fit("user_model", {"model": "user"}).run_dir
@@ -163,9 +163,11 @@ def main() -> None:
     p.add_argument("--track", action="store_true", help="log every run to MLflow in the workspace")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    unknown = {v for v in args.variants.split(",") if v} - set(VARIANTS)
     if unknown:
         p.error(f"unknown variant(s) {sorted(unknown)}; choose from {sorted(VARIANTS)}")
+    if not args.variants.strip(",") and not args.loo:
+        p.error("--variants '' trains nothing: name variants, or add --loo for the leave-one-out rows only")
     out = run(args)
     print_table(out)
     if args.json:
