@@ -50,6 +50,11 @@ test: setup
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q -m "not integration"
 
+# Every object the chart renders with the trial values (kind/name table) and the helm version; no cluster.
+.PHONY: helm-list
+helm-list: $(VENV)/.installed $(HELM)
+	$(VENV)/bin/python -m tests.helm.list_components values-trial.yaml
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
