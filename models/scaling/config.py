@@ -89,6 +89,9 @@ class ScalingConfig:
     workers: int = 0  # parallel runs; 0 = cores // threads_per_run
     flop_batch: int = 256  # training examples in the batch whose forward + backward FLOPs are counted
     min_decades: float = 1.5  # a fit over less compute range is reported as "too small to scale"
+    # Valid examples kept (a fixed random subsample; 0 = all): the valid split only picks a point's best
+    # epoch, the test split (every reported NE) is never subsampled. See ``models.scaling.valid_split``.
+    valid_examples: int = 0
 
 
 def parse_actions(spec: str) -> tuple[str, ...]:
@@ -132,5 +135,7 @@ def validate(cfg: ScalingConfig) -> None:
         raise ValueError(f"ranker widths {bad} are not divisible by base.ranker.num_heads={rheads}")
     for spec in (*cfg.axes.diversity, cfg.composition.homogeneous):
         parse_actions(spec)
-    if cfg.threads_per_run < 1 or cfg.workers < 0 or cfg.flop_batch < 1:
-        raise ValueError("threads_per_run >= 1, workers >= 0 and flop_batch >= 1 are required")
+    if cfg.threads_per_run < 1 or cfg.workers < 0 or cfg.flop_batch < 1 or cfg.valid_examples < 0:
+        raise ValueError(
+            "threads_per_run >= 1, workers >= 0, flop_batch >= 1 and valid_examples >= 0 are required"
+        )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.scaling.config import ScalingConfig
+from models.scaling.config import ALL_ACTIONS, ScalingConfig
 from models.scaling.fit import fit_log_linear, fit_power_law, frontier
 
 AXIS_COLORS = {"depth": "tab:blue", "width": "tab:orange", "seq_len": "tab:green", "diversity": "tab:purple"}
@@ -61,12 +61,14 @@ def analyze(cfg: ScalingConfig, results: dict[str, dict], matched: dict[str, dic
         points = _group(user, f"axis:{axis}")
         if points:
             summary["axes"][axis] = _fit_summary(points, cfg.min_decades) | {"points": points}
-    on_axes = sorted((r for r in user.values() if any(g.startswith("axis:") for g in r["groups"])),
-                     key=lambda r: r["compute_flops"])  # fmt: skip
-    if on_axes:
-        summary["overall"] = _fit_summary(on_axes, cfg.min_decades) | {"points": on_axes}
-        idx = frontier([p["compute_flops"] for p in on_axes], [p[NE] for p in on_axes])
-        front = [on_axes[i] for i in idx]
+    # "All points": every user model that reads full histories (axes, synergy, tunability, composition's
+    # diverse arm). Points whose histories keep only some action types are a data ablation, not a model size.
+    full = sorted((r for r in user.values() if r.get("actions", ALL_ACTIONS) == ALL_ACTIONS),
+                  key=lambda r: r["compute_flops"])  # fmt: skip
+    if full:
+        summary["overall"] = _fit_summary(full, cfg.min_decades) | {"points": full}
+        idx = frontier([p["compute_flops"] for p in full], [p[NE] for p in full])
+        front = [full[i] for i in idx]
         summary["frontier"] = _fit_summary(front, cfg.min_decades) | {"points": front}
     if "synergy" in cfg.experiments:
         summary["synergy"] = _synergy(cfg, results, matched)
@@ -154,6 +156,8 @@ def headline_metrics(summary: dict) -> dict[str, float]:
             out[f"synergy_{row['step']}_{axis}_ne_minus_balanced"] = arm["ne_minus_balanced"]
     for row in summary.get("composition", []):
         out[f"composition_gain_len{row['seq_len']}"] = row["ne_gain_of_diversity"]
+    for k, v in (summary.get("command") or {}).items():
+        out[f"command_{k}"] = float(v)
     t = summary.get("tunability") or {}
     for k in ("gain_user", "gain_ranker", "gain_per_pflop_user", "gain_per_pflop_ranker"):
         if k in t:
@@ -193,22 +197,29 @@ def plot_all(summary: dict, out_dir: Path, prefix: str) -> list[Path]:
         fit, front = summary["overall"], summary["frontier"]["points"]
         cs = [p["compute_flops"] for p in fit["points"]]
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.scatter(cs, [p[NE] for p in fit["points"]], color="0.6", label="all axis points", zorder=2)
-        ax.plot([p["compute_flops"] for p in front], [p[NE] for p in front], "o-", color="tab:red",
-                label="compute-optimal frontier", zorder=3)  # fmt: skip
+        ax.scatter(cs, [p[NE] for p in fit["points"]], color="0.6", label="all points", zorder=2)
+        front_cs = [p["compute_flops"] for p in front]
+        ax.scatter(
+            front_cs, [p[NE] for p in front], color="tab:red", label="compute-optimal frontier", zorder=3
+        )
+        if "log_linear" in summary["frontier"]:
+            ff = summary["frontier"]
+            band(ax, ff["log_linear"], front_cs, "tab:red")
+            ax.plot([], [], color="tab:red",
+                    label=f"frontier: NE = {ff['a']:.3f} - {ff['b']:.3f}·log10 C, R²={ff['r2']:.2f}")  # fmt: skip
         band(ax, fit["log_linear"], cs, "tab:blue")
         ax.plot(
             [],
             [],
             color="tab:blue",
-            label=f"NE = {fit['a']:.3f} - {fit['b']:.3f}·log10 C, R²={fit['r2']:.2f}",
+            label=f"all: NE = {fit['a']:.3f} - {fit['b']:.3f}·log10 C, R²={fit['r2']:.2f}",
         )
         if "power_law" in fit:
             grid = np.geomspace(min(cs), max(cs), 100)
             p = fit["power_law"]
             ax.plot(grid, p.predict(grid), "--", color="tab:green",
-                    label=f"NE = {p.e:.3f} + {p.a:.3f}·(C/C0)^-{p.alpha:.2f}, R²={p.r2:.2f}")  # fmt: skip
-        _axes(ax, "Overall fit and compute-optimal frontier")
+                    label=f"all, power law: NE = {p.e:.3f} + {p.a:.3f}·(C/C0)^-{p.alpha:.2f}, R²={p.r2:.2f}")  # fmt: skip
+        _axes(ax, "All points, the compute-optimal frontier and their fits (95% bands)")
         written.append(_save(fig, out_dir / f"{prefix}-frontier.png"))
 
     if summary.get("synergy"):
@@ -279,7 +290,7 @@ def markdown(
     summary: dict, title: str, images: list[Path] | None = None, image_base: Path | None = None
 ) -> str:
     lines = [f"### {title}", ""]
-    rows = [("overall (axis points)", summary.get("overall")), ("frontier", summary.get("frontier")),
+    rows = [("all points (full histories)", summary.get("overall")), ("compute-optimal frontier", summary.get("frontier")),
             *((f"axis {a}", f) for a, f in summary["axes"].items())]  # fmt: skip
     lines += ["| fit | points | decades of C | NE = a - b·log10 C | R² | b 95% CI | power law | verdict |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -331,11 +342,19 @@ def markdown(
     walls = [p["wall_time_s"] for p in summary["points"]]
     cpus = [p.get("cpu_time_s", math.nan) for p in summary["points"]]
     loads = [p["load_avg_1m_at_start"] for p in summary["points"]]
+    point_cpus = [p["point_cpu_time_s"] for p in summary["points"] if "point_cpu_time_s" in p]
     if walls:
+        whole = (f", {sum(point_cpus):.0f} s with data loading, FLOP counting and evaluation"
+                 if len(point_cpus) == len(walls) else "")  # fmt: skip
         lines += ["", f"Training wall time summed over points: {sum(walls):.0f} s "
                       f"({len(walls)} points, {summary['points'][0]['threads']} thread(s) each), "
-                      f"CPU time {sum(cpus):.0f} s; "
+                      f"training CPU time {sum(cpus):.0f} s{whole}; "
                       f"1-min load average at point starts: {min(loads):.1f}-{max(loads):.1f}."]  # fmt: skip
+    cmd = summary.get("command")
+    if cmd:
+        lines += ["", f"This command: {cmd['wall_s']:.0f} s wall, {cmd['cpu_s']:.0f} CPU s summed over all its "
+                      f"processes ({cmd['trained_points']} point(s) trained, {cmd['cores']} core(s) available; "
+                      "a rerun skips finished points)."]  # fmt: skip
     for img in images or []:
         rel = img.relative_to(image_base) if image_base else img
         lines += ["", f"![{img.stem}]({rel.as_posix()})"]

@@ -3,6 +3,7 @@
 Layout under ``<workspace>/scaling/<sweep>/``::
 
     sweep.json                 the MLflow parent run id and the config the sweep was started with
+    sets/valid-<n>/            the training set with its valid split subsampled (``valid_examples``)
     sets/<actions>/            derived training sets (histories filtered to some action types)
     points/<key>/              one training run (train's outputs) + result.json once it finished
     flops.json                 FLOP counts used to plan matched-compute points (a cache)
@@ -21,6 +22,7 @@ import logging
 import math
 import multiprocessing
 import os
+import resource
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from models.config import TrainRunConfig
 from models.scaling.composition import filter_actions, set_fingerprint
 from models.scaling.config import ALL_ACTIONS, ScalingConfig, Shape, parse_actions, validate
 from models.scaling.grid import Grid, SweepPoint, train_config
+from models.scaling.valid_split import subsample_valid
 from models.tracking import tracking_uri
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,7 @@ def run_point(job: PointJob) -> dict:
     done = read_result(run_dir, job.key)
     if done is not None:
         return done
+    point_cpu_start = time.process_time()  # the whole point: data, FLOP count, training, evaluation
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(job.threads)
     try:
@@ -129,6 +133,7 @@ def run_point(job: PointJob) -> dict:
             result |= serving_cost(best.model, setup.builder, setup.test_rows, job.serving_candidates,
                                    job.serving_repeats)  # fmt: skip
             result["user_model_dir"] = job.user_model_dir
+        result["point_cpu_time_s"] = time.process_time() - point_cpu_start
         _tag_child(job, result)
         tmp = run_dir / f".{RESULT}.tmp"
         tmp.write_text(json.dumps(result, indent=2))
@@ -176,8 +181,12 @@ class Sweep:
         name = cfg.name or f"{cfg.preset}-{Path(cfg.training_set).name}"
         self.dir = ws.root / "scaling" / name
         self.name = name
+        if cfg.valid_examples:
+            self.set_path = subsample_valid(self.set_path, self.dir / "sets" / f"valid-{cfg.valid_examples}",
+                                            cfg.valid_examples, cfg.base.optim.seed)  # fmt: skip
         self.grid = Grid(cfg, set_fingerprint(self.set_path))
         self.parent_run_id: str | None = None
+        self.trained = 0  # points trained by this invocation
         self.matched: dict[str, dict] = {}  # synergy arm -> target and achieved FLOPs per example
 
     # ------------------------------------------------------------------------------------------- planning
@@ -251,6 +260,7 @@ class Sweep:
             result = read_result(self.dir / "points" / key, key)
             if result is not None:
                 result["groups"] = sorted(point.groups)  # membership follows the current plan
+                result["actions"] = point.actions
                 out[key] = result
         return out
 
@@ -264,6 +274,7 @@ class Sweep:
             todo = [self._job(k, p) for k, p in self.grid.points.items()
                     if p.model == phase and read_result(self.dir / "points" / k, k) is None]  # fmt: skip
             log.info("%s points: %d to train, %d workers", phase, len(todo), workers)
+            self.trained += len(todo)
             failures += _execute(todo, workers, progress, f"scaling {phase} points")
             if failures:
                 break  # rankers need their user models
@@ -363,6 +374,12 @@ def _execute(jobs: list[PointJob], workers: int, progress: bool, desc: str) -> l
     return failures
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished children (the spawned workers, once joined)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 @dataclass
 class SweepOutcome:
     sweep_dir: Path
@@ -381,10 +398,14 @@ def run_sweep(cfg: ScalingConfig, ws: Workspace, *, workers: int = 0, progress: 
     """
     from models.scaling import report
 
+    wall_start, cpu_start = time.perf_counter(), _cpu_seconds()
     sweep = Sweep(cfg, ws)
     sweep.plan()
     results = sweep.run(workers, progress)
     summary = report.analyze(cfg, results, sweep.matched)
+    # this invocation only (a rerun that skips finished points costs little); CPU summed over the workers
+    summary["command"] = {"wall_s": time.perf_counter() - wall_start, "cpu_s": _cpu_seconds() - cpu_start,
+                          "trained_points": sweep.trained, "cores": default_workers(1)}  # fmt: skip
     prefix = f"scaling-{sweep.name}"
     plots = report.plot_all(summary, sweep.dir / "plots", prefix)
     md = report.markdown(summary, f"Sweep `{sweep.name}`", plots, sweep.dir)
