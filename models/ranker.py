@@ -13,7 +13,12 @@ per-candidate cost is the L small query-side blocks plus the head, ~0.1-0.2 MFLO
 (``bench/serve.py``, ``docs/model-results.md``): serving 1,000 candidates stays cheap on CPU.
 
 ``user_side`` computes everything that does not depend on the candidate, including every block's K/V, so
-scoring thousands of candidates reuses it (``score``). Ablations (config flags): ``pooling="mean"`` (mean of
+scoring thousands of candidates reuses it (``score``).
+
+Serving fast path (same parameters, same outputs): with gradients off, ids are gathered straight from the
+EmbeddingCollection's tables (``F.embedding`` on the same weights and the same OOV rule, no KeyedJaggedTensor per
+call), and one user's candidates attend to its context as one dense SDPA block (one user = one bucket: no
+jagged planning, no row moves). Training (gradients on) keeps the torchrec path its fused sparse optimizer needs. Ablations (config flags): ``pooling="mean"`` (mean of
 the context, no attention), ``pooling="din"`` (DIN-style MLP-scored target attention), and
 ``use_user_tokens=False`` (online-only: no cached user tokens).
 """
@@ -23,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.config import RankerConfig
-from models.data import CANDIDATE_ID_FIELDS, Batch, Candidates, Events, Profile
+from models.data import CANDIDATE_ID_FIELDS, EVENT_ID_FIELDS, Batch, Candidates, Events, Profile
 from models.layers import (
     DinPooling,
     FeatureInteraction,
@@ -89,14 +95,20 @@ class Ranker(nn.Module):
     ) -> UserSide:
         b = recent.batch_size
         ones = torch.ones(b, dtype=torch.int64, device=recent.offsets.device)
-        emb = self.sparse(
-            {
-                **event_ids("recent", recent),
-                "gender": (profile.gender, ones),
-                "country": (profile.country, ones),
-            },
-            b,
-        )
+        if self._gather_directly():
+            emb = {f"recent_{f}": self._embed(f, getattr(recent, f)) for f in EVENT_ID_FIELDS}
+            emb[f"recent_{GAP_TABLE}"] = self._embed(GAP_TABLE, recent.gap_bucket)
+            emb["gender"] = self._embed("gender", profile.gender)
+            emb["country"] = self._embed("country", profile.country)
+        else:
+            emb = self.sparse(
+                {
+                    **event_ids("recent", recent),
+                    "gender": (profile.gender, ones),
+                    "country": (profile.country, ones),
+                },
+                b,
+            )
         context, offsets = self.events(emb, "recent"), recent.offsets
         if self.user_proj is not None and user_tokens is not None:
             k = user_tokens.shape[1]
@@ -114,22 +126,59 @@ class Ranker(nn.Module):
     def score(self, side: UserSide, cands: Candidates) -> torch.Tensor:
         """(N, 2) logits; ``cands.offsets`` groups the N candidates by the users of ``side``."""
         b = side.offsets.numel() - 1
-        per_user = cands.offsets[1:] - cands.offsets[:-1]
-        emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
-        ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
+        if self._gather_directly():
+            ids = sum(self._embed(f, getattr(cands, f)) for f in CANDIDATE_ID_FIELDS)
+        else:
+            per_user = cands.offsets[1:] - cands.offsets[:-1]
+            emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
+            ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
         q0 = self.query_norm(ids + self.query_dense(cands.dense))  # the candidate's one token
         q = q0
-        cand_user = segment_ids(cands.offsets)
+        one_user = b == 1 and not torch.is_grad_enabled()
+        cand_user = None if one_user else segment_ids(cands.offsets)
         if self.cfg.pooling == "target":
             for block, kv in zip(self.blocks, side.kv, strict=True):
-                q = block(q, cands.offsets, kv, side.offsets)
+                if one_user:
+                    q = self._one_user_block(block, q, kv)
+                else:
+                    q = block(q, cands.offsets, kv, side.offsets)
         elif self.cfg.pooling == "mean":
-            q = q + segment_mean(side.context, side.offsets)[cand_user]
+            q = q + segment_mean(side.context, side.offsets)[segment_ids(cands.offsets)]
         else:
             q = q + self.din(q, cands.offsets, side.context, side.offsets)
         # q * q0 exposes how well what the candidate read from the context matches the candidate itself
-        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), side.profile[cand_user]], 1)
+        profile = side.profile.expand(q.shape[0], -1, -1) if one_user else side.profile[cand_user]
+        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), profile], 1)
         return self.head(self.interaction(tokens))
+
+    # ------------------------------------------------------------------------------- serving fast path
+    def _gather_directly(self) -> bool:
+        """Inference on the plain (unsharded) EmbeddingCollection: gather rows without a KeyedJaggedTensor."""
+        return not torch.is_grad_enabled() and isinstance(self.sparse, SparseArch)
+
+    def _embed(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``SparseArch`` returns for ``ids`` of ``table`` (ids outside the vocabulary -> the OOV row)."""
+        size = self.sparse.sizes[table]
+        ids = ids.long()
+        return F.embedding(torch.where((ids >= 0) & (ids < size), ids, size), self.sparse.table(table))
+
+    @staticmethod
+    def _one_user_block(block: TargetAwareBlock, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]):
+        """``TargetAwareBlock.forward`` for the candidates of ONE user: the jagged layout is a single dense
+        block, so attention is one SDPA call over (1, heads, N, head_dim) queries and the user's K/V."""
+        attn, (k, v) = block.attn, kv
+        n, d = q.shape
+        if k.shape[0] == 0:  # no context: attention reads zeros (the jagged ops' empty-sequence rule)
+            y = q.new_zeros(n, d)
+        else:
+            heads = attn.heads
+            qh = attn.q(block.norm_q(q)).view(n, heads, d // heads)
+            y = F.scaled_dot_product_attention(
+                qh.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+            )[0].transpose(0, 1)
+            y = y.reshape(n, d)
+        q = q + attn.out(y)
+        return q + block.ffn(block.norm2(q))
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         side = self.user_side(batch.history, batch.profile, batch.user_tokens, batch.user_token_mask)

@@ -26,7 +26,8 @@ class LimitsConfig:
 @dataclass
 class ScoringConfig:
     batch_size: int = 2048  # candidates scored per forward call (they share the user's K/V)
-    torch_threads: int = 1  # intra-op threads per process (the box has 2 cores; >1 rarely pays at this size)
+    torch_threads: int = 1  # intra-op threads per scoring worker (small matmuls: fork/join costs more)
+    workers: int = 2  # requests scored at once, each on its own thread (about one per core)
     feature_workers: int = 2  # threads for online-store reads; all busy -> degraded immediately, no queueing
 
 
@@ -77,8 +78,11 @@ class ServingConfig:
             raise ValueError(f"limits.max_body_bytes must be >= 1024, got {lim.max_body_bytes}")
         if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0:
             raise ValueError("limits.feature_timeout_ms and limits.request_timeout_ms must be > 0")
-        if self.scoring.batch_size < 1 or self.scoring.feature_workers < 1:
-            raise ValueError("scoring.batch_size and scoring.feature_workers must be >= 1")
+        sc = self.scoring
+        if min(sc.batch_size, sc.feature_workers, sc.workers, sc.torch_threads) < 1:
+            raise ValueError(
+                "scoring.batch_size, scoring.feature_workers, scoring.workers and scoring.torch_threads must be >= 1"
+            )
         if not 0 <= self.cluster.canary_traffic_percent <= 100:
             raise ValueError(
                 f"cluster.canary_traffic_percent must be in 0..100, got {self.cluster.canary_traffic_percent}"

@@ -1,8 +1,11 @@
 """The KServe predictor of the online ranker.
 
     preprocess   validate (V1 JSON or V2 tensors) -> read the user side from Feast (worker thread, deadline)
-    predict      online features -> tensors (serving.inputs) -> user K/V once, candidates in batches
-    postprocess  ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags
+    predict      online features -> tensors (serving.inputs) -> user K/V once, candidates in batches, on a
+                 scoring worker thread (``scoring.workers``): the event loop keeps parsing and reading the
+                 next requests while torch (which releases the GIL in its kernels) scores this one
+    postprocess  ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy
+                 arrays: the ORJSON response serializes them natively, no per-item Python lists)
 
 Degradation, not failure: an unknown user or a missing/unusable embedding takes the cold-start path (profile +
 recent events only); an embedding from another user-model version is flagged, counted and not used; a slow or
@@ -12,19 +15,22 @@ raise ``InvalidInput`` (HTTP 400) with a message naming the problem.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from gemflow.workspace import Workspace
 from serving import inputs as build
+from serving import runtime
 from serving.ad_table import AdTable, feast_ad_loader, offline_ad_ids
 from serving.config import ServingConfig
 from serving.model_source import ServedModel, load_served_model
@@ -62,17 +68,22 @@ class RankerPredictor(Model):
         self.ads: AdTable | None = None
         self._arrays: build.AdArrays | None = None
         self._probe: tuple[float, bool, str | None] = (0.0, False, "not probed yet")
+        self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
-        torch.set_num_threads(self.cfg.scoring.torch_threads)
+        sc = self.cfg.scoring
+        runtime.configure(sc.torch_threads)
+        self._scoring = concurrent.futures.ThreadPoolExecutor(
+            sc.workers, "score", initializer=runtime.worker_init, initargs=(sc.torch_threads,)
+        )
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self._tracking_uri())
         if self.store is None:
             from features.store import open_store
 
             self.store = open_store(self.ws, self.cfg.feature_store)
-        lim, sc, at = self.cfg.limits, self.cfg.scoring, self.cfg.ad_table
+        lim, at = self.cfg.limits, self.cfg.ad_table
         self.reader = UserFeatureReader(
             self.store, USER_SERVICE, lim.feature_timeout_ms / 1e3, sc.feature_workers
         )
@@ -92,6 +103,8 @@ class RankerPredictor(Model):
             self.ads.stop()
         if self.reader:
             self.reader.close()
+        if self._scoring:
+            self._scoring.shutdown(wait=False, cancel_futures=True)
         super().stop()
 
     def _tracking_uri(self) -> str:
@@ -102,10 +115,13 @@ class RankerPredictor(Model):
         return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
 
     def _warm_up(self) -> None:
+        """Score a throwaway request on every scoring worker (lazy kernel and thread-pool initialisation)."""
         recent, _ = build.recent_events(None, self.ad_arrays(), time.time(), 1, 1)
         user = UserInputs(recent, build.profile(0, None), None)
         cands, _ = build.candidates(np.arange(8, dtype=np.int64), 0, self.ad_arrays())
-        score_shared(self.served.ranker, user, cands, self.cfg.scoring.batch_size)
+        score = functools.partial(score_shared, self.served.ranker, user, cands, self.cfg.scoring.batch_size)
+        for fut in [self._scoring.submit(score) for _ in range(2 * self.cfg.scoring.workers)]:
+            fut.result()
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
@@ -157,7 +173,11 @@ class RankerPredictor(Model):
         self._probe = (time.monotonic(), problem is None, problem)  # every read is also a health probe
         return Job(req, feats, problem, v2, started, 1e3 * (time.perf_counter() - t0))
 
-    def predict(self, job: Job, headers=None) -> dict:
+    async def predict(self, job: Job, headers=None) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(self._scoring, self.rank, job)
+
+    def rank(self, job: Job) -> dict:
+        """The scoring of one request (runs on a scoring worker thread)."""
         served, req, feats = self.served, job.req, job.feats
         ads = self.ad_arrays()
         reasons: list[str] = []
@@ -225,13 +245,7 @@ class RankerPredictor(Model):
         v2, wrapped = result.pop("_v2"), result.pop("_wrapped")
         if v2:
             return _v2_response(self.name, result)
-        out = {
-            **result,
-            "ad_ids": result["ad_ids"].tolist(),
-            "p_click": result["p_click"].tolist(),
-            "p_conversion": result["p_conversion"].tolist(),
-        }
-        return {"predictions": [out]} if wrapped else out
+        return {"predictions": [result]} if wrapped else result
 
 
 def _v2_response(model_name: str, r: dict) -> InferResponse:
