@@ -12,8 +12,10 @@ position / time bias and the empty-sequence semantics). How it avoids padding:
    (``_MoveRows``: no row repeats, so its backward is the reverse copy, not a scatter-add).
 3. Each bucket runs ``torch.nn.functional.scaled_dot_product_attention``: the fused CPU kernel when no bias needs
    a gradient, PyTorch's math kernel otherwise. The relative bias is built per bucket at (1 or n, H, L_b, L_b),
-   never at (B, H, N_max, N_max). Causal buckets need no key-padding mask: padding sits at the end of each
-   sequence, so a real query never sees a padded key.
+   never at (B, H, N_max, N_max), and cheaply: each cell's column in a small combined (position x time-gap)
+   table, causality and key padding included, is computed once per batch (``SelfPlan``, reused by every layer
+   and head), so a layer's whole mask is one gather. Causal buckets need no key-padding mask: padding sits at
+   the end of each sequence, so a real query never sees a padded key.
 4. The real rows of every bucket go back to their jagged place with one more move; rows no bucket covers
    (cross-attention queries whose sequence has no keys) stay zero. As in the reference, a batch where nothing
    attends returns plain zeros.
@@ -25,11 +27,13 @@ accumulate in fp32 (the math kernel upcasts); the bias-table gradients are summe
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from models.attention import validate
 from models.attention.reference import pos_bucket, time_bucket
 
 PAD_BUDGET = 0.125  # at most this fraction of a bucket's tokens is padding (above SHORT_LEN)
@@ -199,98 +203,152 @@ def _sdpa(qb, kb, vb, mask, is_causal: bool = False) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ bias
-class _LookupBias(torch.autograd.Function):
-    """``table[:, idx]`` for a small (H, buckets) bias table and a large index, with a lean backward.
+# The bias of one layer is ``table[h, column(b, i, j)]``: the per-pair column (relative position bucket x
+# time-gap bucket, or a masked column) depends only on the offsets and timestamps, which every layer of a
+# forward pass shares. So the columns are computed once per batch (``SelfPlan``) and each layer pays a single
+# gather from its small combined (H, P * T + 1) table straight into the SDPA mask, in the mask's dtype.
+@dataclass(frozen=True)
+class SelfPlan:
+    """Buckets of one self-attention batch and, per bucket, each cell's index into the flat combined table.
 
-    Autograd's own backward (index_put with accumulate, or embedding's) costs several times the attention at
-    (H, n, L, L); summing each head's gradient with one 1-D ``scatter_add_`` measured 2-3x cheaper on CPU.
+    ``bias_index[i]`` is None (no bias tables) or (n or 1, H, L, L) int32: ``h * columns + c`` where column
+    ``c = pos_bucket * T + time_bucket`` (P = T = 1 for an absent table) or ``columns - 1``, the -inf column,
+    for a cell the query must not see (a later key when causal, a padded key).
+    """
+
+    layout: Layout
+    bias_index: list[torch.Tensor | None]
+    pos_columns: int  # P: columns of pos_bias, 0 = no table
+    time_columns: int  # T: columns of time_bias, 0 = no table
+
+    @property
+    def columns(self) -> int:
+        return max(self.pos_columns, 1) * max(self.time_columns, 1) + 1
+
+
+def bucket_columns(
+    bucket: Bucket, ts_block: torch.Tensor | None, causal: bool, pos_columns: int, time_columns: int
+) -> torch.Tensor:
+    """(n or 1, L, L) column of every cell of one bucket in the combined table (see ``SelfPlan``)."""
+    length, device = bucket.max_len, bucket.valid.device
+    col = torch.zeros((1, length, length), dtype=torch.int64, device=device)
+    if pos_columns:
+        pos = torch.arange(length, device=device)
+        rel = pos_bucket(pos[:, None] - pos[None, :], (pos_columns - 1) // 2)
+        col = col + rel[None] * max(time_columns, 1)
+    if time_columns:
+        col = col + time_bucket(ts_block[:, :, None] - ts_block[:, None, :], time_columns)  # (n, L, L)
+    masked = max(pos_columns, 1) * max(time_columns, 1)  # the last column: -inf
+    if causal:
+        col = col.masked_fill(torch.ones(length, length, dtype=torch.bool, device=device).triu(1), masked)
+    elif bucket.padded:  # padded keys sit at the end; a padded query row still sees its sequence's keys
+        col = col.masked_fill(~bucket.valid[:, None, :], masked)
+    return col
+
+
+def plan_self_attention(
+    offsets: torch.Tensor,
+    timestamps: torch.Tensor | None,
+    *,
+    causal: bool,
+    heads: int,
+    pos_columns: int,
+    time_columns: int,
+) -> SelfPlan:
+    """Buckets (``plan_self``) and, when there is a bias table, every bucket's combined-table index."""
+    plan = plan_self(offsets)
+    if not pos_columns and not time_columns:
+        return SelfPlan(plan, [None] * len(plan.buckets), 0, 0)
+    ts_blocks = to_blocks(timestamps, plan) if time_columns else [None] * len(plan.buckets)
+    columns = max(pos_columns, 1) * max(time_columns, 1) + 1
+    head_base = (torch.arange(heads, device=offsets.device, dtype=torch.int32) * columns).view(1, heads, 1, 1)
+    index = [
+        bucket_columns(b, ts, causal, pos_columns, time_columns).to(torch.int32)[:, None] + head_base
+        for b, ts in zip(plan.buckets, ts_blocks, strict=True)
+    ]
+    return SelfPlan(plan, index, pos_columns, time_columns)
+
+
+class _PlanCache(threading.local):
+    """The last plan built in this thread, with copies of the inputs it was built from.
+
+    The layers of one forward pass pass the same offsets and timestamps: comparing them (O(total)) is far
+    cheaper than rebuilding the per-cell index (O(total x L)). Copies, not references, so an in-place change
+    of the inputs can never return a stale plan.
+    """
+
+    key: tuple | None = None
+    offsets: torch.Tensor | None = None
+    timestamps: torch.Tensor | None = None
+    plan: SelfPlan | None = None
+
+
+_CACHE = _PlanCache()
+
+
+def _same(kept: torch.Tensor | None, new: torch.Tensor | None) -> bool:
+    if kept is None or new is None:
+        return kept is None and new is None
+    return kept.dtype == new.dtype and kept.shape == new.shape and torch.equal(kept, new)
+
+
+def cached_plan_self_attention(offsets: torch.Tensor, timestamps: torch.Tensor | None, **kwargs) -> SelfPlan:
+    """``plan_self_attention``, reused while the same batch comes back (the next layer of the same pass)."""
+    # Inference tensors cannot be saved for a later backward: plans built in inference mode stay there.
+    # The planner's tuning constants are part of the key: tests patch them to force other layouts.
+    key = (
+        tuple(sorted(kwargs.items())),
+        offsets.device,
+        torch.is_inference_mode_enabled(),
+        (PAD_BUDGET, SHORT_LEN, LAUNCH_CELLS),
+    )
+    if not kwargs["time_columns"]:
+        timestamps = None
+    if _CACHE.key == key and _same(_CACHE.offsets, offsets) and _same(_CACHE.timestamps, timestamps):
+        return _CACHE.plan
+    plan = plan_self_attention(offsets, timestamps, **kwargs)
+    _CACHE.key, _CACHE.plan = key, plan
+    _CACHE.offsets = offsets.clone()
+    _CACHE.timestamps = timestamps.clone() if timestamps is not None else None
+    return plan
+
+
+def clear_plan_cache() -> None:
+    """Drop the cached plan (it holds one batch's per-cell index) of this thread."""
+    _CACHE.key = _CACHE.offsets = _CACHE.timestamps = _CACHE.plan = None
+
+
+def combined_table(
+    pos_bias: torch.Tensor | None, time_bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """(H * (P * T + 1),) flat: ``pos_bias[h, p] + time_bias[h, t]`` at column p * T + t, then -inf."""
+    ref = pos_bias if pos_bias is not None else time_bias
+    pos = pos_bias if pos_bias is not None else ref.new_zeros(ref.shape[0], 1)
+    time = time_bias if time_bias is not None else ref.new_zeros(ref.shape[0], 1)
+    table = (pos.float()[:, :, None] + time.float()[:, None, :]).flatten(1)
+    masked = table.new_full((table.shape[0], 1), float("-inf"))
+    return torch.cat([table, masked], 1).to(dtype).flatten()
+
+
+class _LookupBias(torch.autograd.Function):
+    """``table[index]`` for a small flat table and a large int32 index, with a lean backward.
+
+    Autograd's own backward (index_put with accumulate) costs several times the attention on CPU; one
+    ``index_add_`` of the whole gradient, accumulated in fp32, is the cheapest measured.
     """
 
     @staticmethod
-    def forward(ctx, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        # Kept as int16 (a quarter of int64) while the table allows: one index per (L x L) cell adds up.
-        ctx.save_for_backward(idx.to(torch.int16) if table.shape[1] <= torch.iinfo(torch.int16).max else idx)
-        ctx.table_shape, ctx.table_dtype = table.shape, table.dtype
-        return table[:, idx]
+    def forward(ctx, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.table_size, ctx.table_dtype = table.shape[0], table.dtype
+        return table.index_select(0, index.flatten()).view(index.shape)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (idx,) = ctx.saved_tensors
-        flat = idx.flatten().long()
-        out = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad.device)  # accumulate in fp32
-        for head in range(out.shape[0]):
-            out[head].scatter_add_(0, flat, grad[head].reshape(-1).float())
+        (index,) = ctx.saved_tensors
+        out = torch.zeros(ctx.table_size, dtype=torch.float32, device=grad.device)
+        out.index_add_(0, index.flatten(), grad.reshape(-1).float())
         return out.to(ctx.table_dtype), None
-
-
-def bucket_bias(
-    length: int,
-    ts_block: torch.Tensor | None,
-    pos_bias: torch.Tensor | None,
-    time_bias: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """(1 or n, H, L, L) relative bias of one bucket (reference definition), in the tables' dtype."""
-    bias = None
-    if pos_bias is not None:
-        idx = torch.arange(length, device=pos_bias.device)
-        bucket_idx = pos_bucket(idx[:, None] - idx[None, :], (pos_bias.shape[1] - 1) // 2)
-        bias = _LookupBias.apply(pos_bias, bucket_idx)[None]  # (1, H, L, L)
-    if time_bias is not None:
-        bucket_idx = time_bucket(ts_block[:, :, None] - ts_block[:, None, :], time_bias.shape[1])
-        tb = _LookupBias.apply(time_bias, bucket_idx).transpose(0, 1)  # (n, H, L, L)
-        bias = tb if bias is None else bias + tb
-    return bias
-
-
-def _causal_fill(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """(L, L) additive mask: 0 on and below the diagonal, -inf above."""
-    return torch.full((length, length), float("-inf"), dtype=dtype, device=device).triu(1)
-
-
-def _key_fill(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(n, 1, 1, L) additive mask: -inf on padded keys."""
-    fill = torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, float("-inf"))
-    return fill[:, None, None, :]
-
-
-# ----------------------------------------------------------------------------------------------- checks
-def _check_jagged(name: str, values: torch.Tensor, offsets: torch.Tensor) -> None:
-    if values.dim() != 3:
-        raise ValueError(f"{name} must be (total, heads, head_dim), got shape {tuple(values.shape)}")
-    if offsets.dim() != 1 or offsets.numel() < 1 or offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"offsets of {name} must be a 1-D integer tensor of B + 1 entries, got {offsets.dtype} "
-            f"of shape {tuple(offsets.shape)}"
-        )
-    if int(offsets[0]) != 0 or int(offsets[-1]) != values.shape[0]:
-        raise ValueError(
-            f"offsets of {name} must run from 0 to its {values.shape[0]} rows, "
-            f"got {int(offsets[0])}..{int(offsets[-1])}"
-        )
-    if bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError(f"offsets of {name} must be non-decreasing")
-
-
-def _check_like(ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
-    for name, t in others.items():
-        if t.shape != ref.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)}, {ref_name} {tuple(ref.shape)}: they must match"
-            )
-
-
-def _check_bias(heads: int, total: int, pos_bias, time_bias, timestamps) -> None:
-    if pos_bias is not None and (
-        pos_bias.dim() != 2 or pos_bias.shape[0] != heads or pos_bias.shape[1] % 2 == 0
-    ):
-        raise ValueError(f"pos_bias must be (heads={heads}, 2R + 1), got shape {tuple(pos_bias.shape)}")
-    if time_bias is not None:
-        if time_bias.dim() != 2 or time_bias.shape[0] != heads:
-            raise ValueError(f"time_bias must be (heads={heads}, T), got shape {tuple(time_bias.shape)}")
-        if timestamps is None:
-            raise ValueError("time_bias needs timestamps: a (total,) tensor of seconds")
-        if tuple(timestamps.shape) != (total,):
-            raise ValueError(f"timestamps must be ({total},), got shape {tuple(timestamps.shape)}")
 
 
 # ------------------------------------------------------------------------------------------------- ops
@@ -306,28 +364,33 @@ def jagged_self_attention(
     timestamps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention within each jagged sequence. q, k, v: (total, H, D); timestamps: (total,) seconds."""
-    _check_jagged("q", q, offsets)
-    _check_like("q", q, k=k, v=v)
-    _check_bias(q.shape[1], q.shape[0], pos_bias, time_bias, timestamps)
-    plan = plan_self(offsets)
-    ts_blocks = to_blocks(timestamps, plan) if time_bias is not None else [None] * len(plan.buckets)
+    validate.check_self_attention(q, k, v, offsets, pos_bias, time_bias, timestamps)
+    plan = cached_plan_self_attention(
+        offsets,
+        timestamps,
+        causal=bool(causal),
+        heads=q.shape[1],
+        pos_columns=pos_bias.shape[1] if pos_bias is not None else 0,
+        time_columns=time_bias.shape[1] if time_bias is not None else 0,
+    )
+    layout_ = plan.layout
+    table = combined_table(pos_bias, time_bias, q.dtype) if plan.pos_columns or plan.time_columns else None
     outs = []
-    for bucket, qb, kb, vb, ts_block in zip(
-        plan.buckets, to_blocks(q, plan), to_blocks(k, plan), to_blocks(v, plan), ts_blocks, strict=True
+    for bucket, index, qb, kb, vb in zip(
+        layout_.buckets,
+        plan.bias_index,
+        to_blocks(q, layout_),
+        to_blocks(k, layout_),
+        to_blocks(v, layout_),
+        strict=True,
     ):
-        bias = bucket_bias(bucket.max_len, ts_block, pos_bias, time_bias)
-        if bias is not None:
-            # SDPA takes either is_causal or a mask: fold causality / key padding into the additive bias.
-            if causal:
-                bias = bias + _causal_fill(bucket.max_len, bias.dtype, bias.device)
-            elif bucket.padded:
-                bias = bias + _key_fill(bucket.valid, bias.dtype)
-            outs.append(_sdpa(qb, kb, vb, bias.to(q.dtype)))
+        if index is not None:  # causality and key padding are in the bias (its -inf column)
+            outs.append(_sdpa(qb, kb, vb, _LookupBias.apply(table, index)))
         elif causal:
             outs.append(_sdpa(qb, kb, vb, None, is_causal=bucket.max_len > 1))
         else:
             outs.append(_sdpa(qb, kb, vb, bucket.valid[:, None, None, :] if bucket.padded else None))
-    return from_blocks(outs, plan, q)
+    return from_blocks(outs, layout_, q)
 
 
 def jagged_cross_attention(
@@ -338,17 +401,7 @@ def jagged_cross_attention(
     kv_offsets: torch.Tensor,
 ) -> torch.Tensor:
     """Each sequence's queries attend over that sequence's keys. q: (total_q, H, D); k, v: (total_kv, H, D)."""
-    _check_jagged("q", q, q_offsets)
-    _check_jagged("k", k, kv_offsets)
-    _check_like("k", k, v=v)
-    if q_offsets.numel() != kv_offsets.numel():
-        raise ValueError(
-            f"q_offsets has {q_offsets.numel() - 1} sequences, kv_offsets {kv_offsets.numel() - 1}: they must match"
-        )
-    if q.shape[1:] != k.shape[1:]:
-        raise ValueError(
-            f"q rows {tuple(q.shape[1:])} and k rows {tuple(k.shape[1:])} must share (heads, head_dim)"
-        )
+    validate.check_cross_attention(q, q_offsets, k, v, kv_offsets)
     q_plan, kv_plan = plan_cross(q_offsets, kv_offsets)
     outs = []
     for kv_bucket, qb, kb, vb in zip(

@@ -23,7 +23,9 @@ def lengths(offsets: torch.Tensor) -> torch.Tensor:
     return offsets[1:] - offsets[:-1]
 
 
-def pad(values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(
+    values: torch.Tensor, offsets: torch.Tensor, max_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(total, *rest) -> (B, N, *rest) zero-padded, and the (B, N) validity mask."""
     lens = lengths(offsets)
     n = int(lens.max()) if max_len is None and lens.numel() else (max_len or 0)
@@ -43,7 +45,9 @@ def pos_bucket(rel: torch.Tensor, max_rel: int) -> torch.Tensor:
 
 
 def time_bucket(dt_seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    return torch.floor(torch.log2(1.0 + dt_seconds.abs().double())).long().clamp(0, num_buckets - 1)
+    # floor(log2(x)) for x >= 1 is frexp's exponent - 1: exact at powers of two, and cheaper than log2 + floor.
+    exponent = torch.frexp(1.0 + dt_seconds.abs().double()).exponent
+    return (exponent.long() - 1).clamp_(0, num_buckets - 1)
 
 
 def relative_bias(

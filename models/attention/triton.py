@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from models.attention import validate
+
 # Finite "minus infinity": masked scores use it so that fully masked (padding) rows never produce NaNs.
 _NEG = tl.constexpr(-1.0e30)
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -390,51 +392,17 @@ def _precision(dtype: torch.dtype) -> tuple[str, bool]:
     return ("ieee" if dtype == torch.float32 else "tf32"), (_interpreting() and dtype == torch.bfloat16)
 
 
-def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> torch.Tensor:
-    if offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(f"{name} must be a 1-D tensor of B + 1 offsets, got shape {tuple(offsets.shape)}")
-    if offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be int32 or int64, got {offsets.dtype}")
-    if offsets.device != device:
-        raise ValueError(f"{name} is on {offsets.device} but the values are on {device}")
-    offsets = offsets.to(torch.int64).contiguous()
-    lens = offsets[1:] - offsets[:-1]
-    # One sync for all three checks; jagged offsets that lie would make the kernels read out of bounds.
-    first, last, min_len = torch.stack(
-        [offsets[0], offsets[-1], lens.min() if lens.numel() else offsets[0]]
-    ).tolist()
-    if first != 0 or last != total or min_len < 0:
-        raise ValueError(
-            f"{name} must start at 0, never decrease and end at the number of rows ({total}); "
-            f"got first={first}, last={last}, smallest length={min_len}"
-        )
-    return offsets
-
-
-def _check_values(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
-    ref = tensors[0]
-    if not _interpreting() and ref.device.type != "cuda":
+def _check_backend(q: torch.Tensor) -> None:
+    """What this backend adds to the shared checks (``models.attention.validate``): device, dtype, head size."""
+    if not _interpreting() and q.device.type != "cuda":
         raise ValueError(
             "the triton attention backend needs CUDA tensors (set TRITON_INTERPRET=1 before importing triton "
-            f"to interpret the kernels on a CPU); got tensors on {ref.device}"
+            f"to interpret the kernels on a CPU); got tensors on {q.device}"
         )
-    for name, t in zip(names, tensors, strict=True):
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be (total, heads, head_dim), got shape {tuple(t.shape)}")
-        if t.dtype not in _SUPPORTED_DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; the triton backend supports {_SUPPORTED_DTYPES}")
-        if t.dtype != ref.dtype or t.device != ref.device:
-            raise ValueError(
-                f"{names[0]} and {name} must share dtype and device ({ref.dtype}/{ref.device} vs "
-                f"{t.dtype}/{t.device})"
-            )
-        if t.shape[1:] != ref.shape[1:]:
-            raise ValueError(
-                f"{names[0]} and {name} must share (heads, head_dim), got {tuple(ref.shape)} "
-                f"vs {tuple(t.shape)}"
-            )
-    if ref.shape[2] > _MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {ref.shape[2]} is above the supported maximum of {_MAX_HEAD_DIM}")
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; the triton backend supports {_SUPPORTED_DTYPES}")
+    if q.shape[2] > _MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {q.shape[2]} is above the supported maximum of {_MAX_HEAD_DIM}")
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -473,28 +441,10 @@ class _Bias:
         )
 
 
-def _check_bias(pos_bias, time_bias, timestamps, q: torch.Tensor) -> _Bias:
-    heads = q.shape[1]
-    for name, table in (("pos_bias", pos_bias), ("time_bias", time_bias)):
-        if table is None:
-            continue
-        if table.dim() != 2 or table.shape[0] != heads:
-            raise ValueError(f"{name} must be (heads={heads}, buckets), got shape {tuple(table.shape)}")
-        if table.device != q.device or not table.is_floating_point():
-            raise ValueError(
-                f"{name} must be a floating tensor on {q.device}, got {table.dtype} on {table.device}"
-            )
-    if pos_bias is not None and pos_bias.shape[1] % 2 != 1:
-        raise ValueError(f"pos_bias needs an odd number of columns (2R + 1), got {pos_bias.shape[1]}")
+def _bias_inputs(pos_bias, time_bias, timestamps) -> _Bias:
+    """The (already validated) bias inputs, contiguous, timestamps in a type wide enough to difference."""
     ts = None
     if time_bias is not None:
-        if timestamps is None:
-            raise ValueError("time_bias needs timestamps (one per row of q, in seconds)")
-        if timestamps.shape != (q.shape[0],) or timestamps.device != q.device:
-            raise ValueError(
-                f"timestamps must be ({q.shape[0]},) on {q.device}, got {tuple(timestamps.shape)} on "
-                f"{timestamps.device}"
-            )
         if timestamps.dtype in (torch.int64, torch.float32, torch.float64):
             ts = timestamps.contiguous()
         else:  # narrow types: difference them in a wide type so that nothing overflows
@@ -723,13 +673,10 @@ def jagged_self_attention(
     timestamps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention within each jagged sequence. q, k, v: (total, H, D); timestamps: (total,) seconds."""
-    _check_values(("q", "k", "v"), (q, k, v))
-    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"q, k, v must have the same number of rows, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
-        )
-    offsets = _check_offsets("offsets", offsets, q.shape[0], q.device)
-    bias = _check_bias(pos_bias, time_bias, timestamps, q)
+    validate.check_self_attention(q, k, v, offsets, pos_bias, time_bias, timestamps)
+    _check_backend(q)
+    offsets = offsets.to(torch.int64).contiguous()
+    bias = _bias_inputs(pos_bias, time_bias, timestamps)
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
     return _JaggedAttention.apply(q, k, v, offsets, offsets, bool(causal), bias.pos, bias.time, bias.ts)
 
@@ -742,15 +689,8 @@ def jagged_cross_attention(
     kv_offsets: torch.Tensor,
 ) -> torch.Tensor:
     """Each sequence's queries attend over that sequence's keys. q: (total_q, H, D); k, v: (total_kv, H, D)."""
-    _check_values(("q", "k", "v"), (q, k, v))
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"k and v must have the same number of rows, got {k.shape[0]} and {v.shape[0]}")
-    q_offsets = _check_offsets("q_offsets", q_offsets, q.shape[0], q.device)
-    kv_offsets = _check_offsets("kv_offsets", kv_offsets, k.shape[0], q.device)
-    if q_offsets.numel() != kv_offsets.numel():
-        raise ValueError(
-            f"q_offsets and kv_offsets must describe the same number of sequences, got "
-            f"{q_offsets.numel() - 1} and {kv_offsets.numel() - 1}"
-        )
+    validate.check_cross_attention(q, q_offsets, k, v, kv_offsets)
+    _check_backend(q)
+    q_offsets, kv_offsets = (o.to(torch.int64).contiguous() for o in (q_offsets, kv_offsets))
     q, k, v = (_rows_contiguous(t) for t in (q, k, v))
     return _JaggedAttention.apply(q, k, v, q_offsets, kv_offsets, False, None, None, None)

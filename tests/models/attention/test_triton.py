@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 KERNEL_TESTS = os.environ.get("GEMFLOW_TRITON_KERNEL_TESTS") == "1"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 if importlib.util.find_spec("triton") is None:
     pytestmark = pytest.mark.skip(
