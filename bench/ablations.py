@@ -13,6 +13,14 @@ a popularity baseline.
     .venv/bin/python bench/ablations.py --training-set default            # ws.training("default")
     .venv/bin/python bench/ablations.py --fixture-users 1500               # the planted-structure fixture
     .venv/bin/python bench/ablations.py --training-set movielens --loo
+    # the synthetic acceptance (docs/model-results.md): user model trained on earlier days, daily snapshots,
+    # 3 seeds, mean +- spread per variant
+    .venv/bin/python bench/ablations.py --training-set syn --user-training-set syn-um --user-snapshot day \
+        --max-history 512 --epochs 4 --seeds 0,1,2
+
+``--user-training-set`` trains the user model on another training set (e.g. the days before the ranker's
+train days, so the cached tokens of the ranker's train rows are not fitted to those rows' own labels);
+``--user-snapshot day`` cuts the user model's history at each example's day start (the daily refresh).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ VARIANTS = {
 }
 
 
-def base_overrides(args, training_set: str, out: Path) -> dict:
+def base_overrides(args, training_set: str, out: Path, seed: int) -> dict:
     d = args.d_model
     return {
         "training_set": training_set,
@@ -46,18 +54,21 @@ def base_overrides(args, training_set: str, out: Path) -> dict:
         "optim.epochs": args.epochs,
         "optim.batch_size": args.batch_size,
         "optim.max_train_examples": args.max_train,
-        "optim.seed": args.seed,
+        "optim.seed": seed,
         "user_model.d_model": d,
         "user_model.max_history": args.max_history,
+        "user_model.snapshot": args.user_snapshot,
         "ranker.d_model": d,
         "output_dir": str(out),
     }
 
 
-def run(args) -> dict:
+def run(args, seed: int, subdir: str = "") -> dict:
+    """Every requested variant (and the leave-one-out rows) for one seed; run folders under
+    ``<workspace>/ablations/<subdir>``."""
     from models.config import TrainRunConfig
-    from models.inference import embed_examples, load_bundle
-    from models.train import train
+    from models.inference import load_bundle
+    from models.train import train, user_tokens_per_example
 
     ws = Workspace(Path(args.workspace).resolve())
     training_set = args.training_set
@@ -70,22 +81,27 @@ def run(args) -> dict:
                 path, num_users=args.fixture_users, num_ads=400, num_categories=12, num_advertisers=40
             )
         training_set = str(path)
-    runs = ws.root / "ablations"
+    runs = ws.root / "ablations" / subdir
     rows: dict[str, dict] = {}
 
-    def fit(name: str, overrides: dict, user_embeddings=None):
+    def fit(name: str, overrides: dict, user_embeddings=None, on: str = ""):
         cfg = load_config(
-            TrainRunConfig, None, {**base_overrides(args, training_set, runs / name), **overrides}
+            TrainRunConfig,
+            None,
+            {**base_overrides(args, on or training_set, runs / name, seed), **overrides},
         )
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = train(cfg, ws, user_embeddings=user_embeddings)
         rows[name] = {
             **result.metrics,
             "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu,
             "run_dir": str(result.run_dir),
         }
         print(
-            f"# {name}: valid NE {result.metrics['valid_ne']:.4f} ({rows[name]['seconds']:.0f} s)", flush=True
+            f"# seed {seed} {name}: valid NE {result.metrics['valid_ne']:.4f} "
+            f"({rows[name]['seconds']:.0f} s, {rows[name]['cpu_seconds']:.0f} cpu s)",
+            flush=True,
         )
         return result
 
@@ -96,8 +112,21 @@ def run(args) -> dict:
     variants = [v for v in args.variants.split(",") if v]  # "" with --loo: the leave-one-out rows only
     embeddings = None
     if "multi_stage" in variants:  # the cached tokens come from the user model, embedded as of each example
-        user_dir = Path(args.user_model) if args.user_model else fit("user_model", {"model": "user"}).run_dir
-        embeddings = embed_examples(load_bundle(user_dir), data)
+        if args.user_model:
+            user_dir = Path(args.user_model)
+        else:
+            user_set = args.user_training_set or training_set
+            user_dir = fit("user_model", {"model": "user"}, on=user_set).run_dir
+        cpu = time.process_time()
+        user_bundle = load_bundle(user_dir)
+        embeddings = user_tokens_per_example(user_bundle, data)
+        if "user_model" in rows and args.user_training_set:  # its own row, scored on the ranker's valid/test
+            rows["user_model"].update(
+                user_model_metrics(user_bundle, data), trained_on=args.user_training_set
+            )
+        print(
+            f"# seed {seed} user tokens of {len(embeddings)} examples: {time.process_time() - cpu:.0f} cpu s"
+        )
     for name in variants:
         overrides = VARIANTS[name]
         fit(
@@ -119,6 +148,74 @@ def run(args) -> dict:
     return {"rows": rows, "loo": loo}
 
 
+def user_model_metrics(bundle, data) -> dict[str, float]:
+    """The user model's own click/conversion head on ``data``'s valid and test splits."""
+    from models.data import BatchBuilder
+    from models.train import evaluate_rows
+
+    cfg = bundle.cfg
+    builder = BatchBuilder(
+        data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last",
+        snapshot=cfg.snapshot,
+    )  # fmt: skip
+    out = {}
+    for split in ("valid", "test"):
+        out |= evaluate_rows(bundle.model, builder, data.split_rows(split), 1024, f"{split}_")
+    return out
+
+
+METRICS = ("valid_ne", "test_ne", "test_auc", "test_calibration", "test_conversion_ne", "cpu_seconds")
+COMPARISONS = (  # (label, better, baseline, wanted)
+    ("target-aware attention vs mean pooling", "online_only", "mean", ">= +3%"),
+    ("target-aware attention vs DIN", "online_only", "din", "> 0"),
+    ("multi-stage vs online-only", "multi_stage", "online_only", "> 0"),
+)
+
+
+def relative_gain(rows: dict, better: str, baseline: str) -> float:
+    """Relative test-NE improvement of ``better`` over ``baseline`` (percent; > 0 = better)."""
+    return 100 * (1 - rows[better]["test_ne"] / rows[baseline]["test_ne"])
+
+
+def summarize(per_seed: dict[int, dict]) -> dict:
+    """Mean, sample std, min and max over seeds of every metric and of every available comparison."""
+    import numpy as np
+
+    def stats(values: list[float]) -> dict[str, float]:
+        v = np.asarray(values, np.float64)
+        std = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+        return {
+            "mean": float(v.mean()),
+            "std": std,
+            "min": float(v.min()),
+            "max": float(v.max()),
+            "n": len(v),
+        }
+
+    outs = list(per_seed.values())
+    names = [n for n in outs[0]["rows"] if all(n in o["rows"] for o in outs)]
+    table = {n: {m: stats([o["rows"][n].get(m, np.nan) for o in outs]) for m in METRICS} for n in names}
+    gains = {
+        label: {**stats([relative_gain(o["rows"], b, a) for o in outs]), "wanted": wanted}
+        for label, b, a, wanted in COMPARISONS
+        if b in names and a in names
+    }
+    return {"seeds": sorted(per_seed), "table": table, "comparisons": gains}
+
+
+def print_summary(summary: dict) -> None:
+    seeds = summary["seeds"]
+    print(f"\nseeds {seeds}: mean +- sample std over seeds")
+    print(f"{'variant':<13} " + " ".join(f"{m:>17}" for m in METRICS))
+    for name, metrics in summary["table"].items():
+        print(f"{name:<13} " + " ".join(f"{m['mean']:>9.4f} +-{m['std']:<6.4f}" for m in metrics.values()))
+    for label, g in summary["comparisons"].items():
+        print(
+            f"{label:<40} {g['mean']:+.2f}% +- {g['std']:.2f} (min {g['min']:+.2f}, max {g['max']:+.2f}; "
+            f"{g['wanted']} wanted)"
+        )
+
+
 def print_table(out: dict) -> None:
     rows = out["rows"]
     print(
@@ -129,14 +226,10 @@ def print_table(out: dict) -> None:
             f"{name:<13} {m['valid_ne']:>9.4f} {m['test_ne']:>9.4f} {m['test_auc']:>9.4f} "
             f"{m['test_calibration']:>7.3f} {m['test_conversion_ne']:>8.4f} {m['seconds']:>6.0f}"
         )
-    if {"mean", "online_only"} <= set(rows):
-        gain = 1 - rows["online_only"]["test_ne"] / rows["mean"]["test_ne"]
-        print(
-            f"\ntarget-aware attention vs mean pooling: {100 * gain:+.2f}% relative test NE (>= +3% wanted)"
-        )
-    if {"online_only", "multi_stage"} <= set(rows):
-        stage = 1 - rows["multi_stage"]["test_ne"] / rows["online_only"]["test_ne"]
-        print(f"multi-stage vs online-only:             {100 * stage:+.2f}% relative test NE (> 0 wanted)")
+    for label, better, baseline, wanted in COMPARISONS:
+        if {better, baseline} <= set(rows):
+            gain = relative_gain(rows, better, baseline)
+            print(f"{label + ':':<40} {gain:+.2f}% relative test NE ({wanted} wanted)")
     if out["loo"]:
         print(f"\n{'leave-one-out':<13} {'HR@10':>7} {'NDCG@10':>8} {'MRR':>7} {'users':>6}")
         for name, m in out["loo"].items():
@@ -154,10 +247,15 @@ def main() -> None:
     p.add_argument("--max-history", type=int, default=128)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="", help="comma-separated seeds, run one after another; mean +- spread")
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
     )
     p.add_argument("--user-model", default="", help="reuse this trained user-model run dir for multi_stage")
+    p.add_argument("--user-training-set", default="", help="train the user model on this set (default: same)")
+    p.add_argument(
+        "--user-snapshot", default="example", choices=["example", "day"], help="user-model history cut"
+    )
     p.add_argument("--loo", action="store_true", help="also leave-one-out HR/NDCG/MRR (positive-only logs)")
     p.add_argument("--negatives", type=int, default=99)
     p.add_argument("--track", action="store_true", help="log every run to MLflow in the workspace")
@@ -168,8 +266,23 @@ def main() -> None:
         p.error(f"unknown variant(s) {sorted(unknown)}; choose from {sorted(VARIANTS)}")
     if not args.variants.strip(",") and not args.loo:
         p.error("--variants '' trains nothing: name variants, or add --loo for the leave-one-out rows only")
-    out = run(args)
-    print_table(out)
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()] or [args.seed]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    if len(seeds) == 1:
+        out = run(args, seeds[0])
+        print_table(out)
+    else:
+        per_seed: dict[int, dict] = {}
+        for seed in seeds:  # one after another; the JSON is rewritten after each so a stop keeps the rest
+            per_seed[seed] = run(args, seed, f"seed{seed}")
+            print(f"\n## seed {seed}")
+            print_table(per_seed[seed])
+            out = {"per_seed": per_seed, "summary": summarize(per_seed)}
+            if args.json:
+                Path(args.json).write_text(json.dumps(out, indent=2, default=float))
+        print_summary(out["summary"])
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
 

@@ -28,6 +28,9 @@ class UserModelConfig:
     next_event_weight: float = 0.1  # sampled-softmax next-ad loss on the history; 0 disables it
     num_negatives: int = 64  # shared uniform negatives for the sampled softmax
     pooling: str = "transformer"  # ablation: "mean" = mean-pooled history tokens, no attention
+    # History cut for training and embedding: "example" = each example's own cut; "day" = as of the start of
+    # the example's UTC day (what a daily refresh caches), encoded once per user-day for all its impressions.
+    snapshot: str = "example"
     attention_backend: str = "auto"
     # Feed-forward kind per block ("dense" | "moe"); empty = all dense. MoE blocks run under
     # ``gemflow train --nproc`` (settings in ``distributed.moe``).
@@ -107,6 +110,8 @@ def validate(cfg: TrainRunConfig) -> None:
         raise ValueError(
             "user_model.next_event_weight > 0 needs user_model.causal=true (else the target leaks)"
         )
+    if um.snapshot not in ("example", "day"):
+        raise ValueError(f"user_model.snapshot must be 'example' or 'day', got {um.snapshot!r}")
     if rk.pooling not in ("target", "mean", "din"):
         raise ValueError(f"ranker.pooling must be 'target', 'mean' or 'din', got {rk.pooling!r}")
     for name, m in (("user_model", um), ("ranker", rk)):

@@ -24,6 +24,9 @@ from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
 CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
 LABELS = ("click", "conversion")
+DAY_S = 86_400
+# Where the user model cuts each example's history: at the example itself, or at the start of its day.
+SNAPSHOTS = {"example": 0, "day": DAY_S}
 EXAMPLE_COLUMNS = ("user_id", "user_row", "cut", "ad_id", "advertiser_id", "category_id", "surface", "ts")
 # Columns of ranker.parquet that are labels, bookkeeping or profile, never dense candidate inputs (every
 # ``*_id`` column is an id, embedded or ignored, never a number).
@@ -235,17 +238,54 @@ class TrainingSet:
         return np.flatnonzero(self.examples["split"].to_numpy() == split)
 
     def history(
-        self, rows: np.ndarray, max_len: int, num_buckets: int, *, gap_to: str, last_n: int | None = None
+        self,
+        rows: np.ndarray,
+        max_len: int,
+        num_buckets: int,
+        *,
+        gap_to: str,
+        last_n: int | None = None,
+        cuts: np.ndarray | None = None,
     ) -> Events:
-        """Each example's events ``[max(0, cut - L), cut)``, flat. ``gap_to``: "last" event or "request" time."""
+        """Each example's events ``[max(0, cut - L), cut)``, flat. ``gap_to``: "last" event or "request" time.
+        ``cuts`` replaces the examples' own cuts (e.g. ``snapshot_cuts``: the history as of an earlier time)."""
         ex = self.examples
         user_row = ex["user_row"].to_numpy()[rows]
-        cut = ex["cut"].to_numpy()[rows]
+        cut = ex["cut"].to_numpy()[rows] if cuts is None else np.asarray(cuts, np.int64)
         take = min(max_len, last_n) if last_n else max_len
         base = self.seq_offsets[user_row]
         start = base + np.maximum(0, cut - take)
         end = base + cut
         return self._events(start, end, num_buckets, gap_to, ex["ts"].to_numpy()[rows])
+
+    def snapshot_cuts(self, rows: np.ndarray, every_s: int = DAY_S) -> np.ndarray:
+        """Each example's cut as of the start of its ``every_s`` period (UTC days by default): how many of its
+        user's events happened strictly before that boundary. This is the history a cache refreshed at the
+        boundary holds (the daily user-embedding refresh); never later than the example's own cut."""
+        ex = self.examples
+        user_row = ex["user_row"].to_numpy(np.int64)[rows]
+        ts = ex["ts"].to_numpy(np.int64)[rows]
+        boundary = ts - np.mod(ts, every_s)
+        keys = self._user_time_keys()
+        found = np.searchsorted(keys, (user_row << 32) + boundary, side="left") - self.seq_offsets[user_row]
+        return np.minimum(found, ex["cut"].to_numpy(np.int64)[rows])
+
+    def _user_time_keys(self) -> np.ndarray:
+        """(events,) sorted keys ``user_row << 32 | ts`` of every history event (sequences are time-sorted)."""
+        if getattr(self, "_keys", None) is None:
+            ts = self.seq_values["ts"]
+            if len(ts) and (ts.min() < 0 or ts.max() >= 2**32):
+                raise TrainingSetError("history timestamps must be seconds in [1970, 2106) for snapshots")
+            user = np.repeat(np.arange(self.num_users, dtype=np.int64), self.seq_lengths)
+            self._keys = (user << 32) + ts
+        return self._keys
+
+    def snapshot_groups(self, rows: np.ndarray, every_s: int = DAY_S) -> tuple[np.ndarray, np.ndarray]:
+        """(group id per row, snapshot cut per row): rows of one user in one period share a group (and a cut)."""
+        cuts = self.snapshot_cuts(rows, every_s)
+        user_row = self.examples["user_row"].to_numpy(np.int64)[rows]
+        _, group = np.unique(np.stack([user_row, cuts]), axis=1, return_inverse=True)
+        return group.reshape(-1), cuts
 
     def _events(self, start, end, num_buckets, gap_to, request_ts) -> Events:
         lens = (end - start).astype(np.int64)
@@ -385,7 +425,12 @@ def leave_one_out_split(examples: pd.DataFrame) -> np.ndarray:
 class BatchBuilder:
     """Turns example rows into a ``Batch``: the user model reads the long history (gaps to its last event,
     so the user embedding does not depend on when it is computed); the ranker reads the recent events (gaps to
-    the request time) plus cached user tokens."""
+    the request time) plus cached user tokens.
+
+    ``snapshot="day"`` (user model): every example reads its user's history as of the start of its day, the
+    history a daily embedding refresh holds, and each run of consecutive rows of one user-day becomes ONE
+    history with many candidates (``candidates.offsets``), so a user-day is encoded once however many
+    impressions it has. Order rows with ``epoch_order`` / ``grouped`` to make those runs long."""
 
     def __init__(
         self,
@@ -398,7 +443,13 @@ class BatchBuilder:
         user_embeddings: np.ndarray | None = None,
         user_present: np.ndarray | None = None,
         num_user_tokens: int = 0,
+        snapshot: str = "example",
     ):
+        if snapshot not in SNAPSHOTS:
+            raise ValueError(f"snapshot must be one of {sorted(SNAPSHOTS)}, got {snapshot!r}")
+        if SNAPSHOTS[snapshot] and user_embeddings is not None:
+            raise ValueError("snapshot batches are for the user model; cached user tokens are per example")
+        self.snapshot_every = SNAPSHOTS[snapshot]
         self.data = data
         self.history_len, self.time_buckets, self.gap_to = history_len, time_buckets, gap_to
         self.dense = dense.apply(data.dense_frame())
@@ -415,7 +466,24 @@ class BatchBuilder:
                 f"{num_user_tokens} tokens (ranker.num_user_tokens)"
             )
 
+    def grouped(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` reordered so each snapshot group is contiguous (identity without snapshots)."""
+        if not self.snapshot_every:
+            return rows
+        group, _ = self.data.snapshot_groups(rows, self.snapshot_every)
+        return rows[np.argsort(group, kind="stable")]
+
+    def epoch_order(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A shuffled training order: rows, or whole snapshot groups (rows of a group stay together)."""
+        if not self.snapshot_every:
+            return rng.permutation(rows)
+        group, _ = self.data.snapshot_groups(rows, self.snapshot_every)
+        rank = rng.permutation(group.max() + 1 if len(group) else 0)[group]
+        return rows[np.argsort(rank, kind="stable")]
+
     def __call__(self, rows: np.ndarray) -> Batch:
+        if self.snapshot_every:
+            return self._snapshot_batch(rows)
         d = self.data
         batch = Batch(
             history=d.history(rows, self.history_len, self.time_buckets, gap_to=self.gap_to),
@@ -428,3 +496,19 @@ class BatchBuilder:
             batch.user_tokens = torch.from_numpy(emb.reshape(len(rows), self.k, -1))
             batch.user_token_mask = torch.from_numpy(self.user_present[rows])
         return batch
+
+    def _snapshot_batch(self, rows: np.ndarray) -> Batch:
+        d = self.data
+        group, cuts = d.snapshot_groups(rows, self.snapshot_every)
+        first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])  # runs of consecutive rows
+        offsets = torch.from_numpy(np.r_[first, len(rows)].astype(np.int64))
+        head = rows[first]
+        candidates = replace(d.candidates(rows, self.dense), offsets=offsets)
+        return Batch(
+            history=d.history(
+                head, self.history_len, self.time_buckets, gap_to=self.gap_to, cuts=cuts[first]
+            ),
+            candidates=candidates,
+            labels=d.labels(rows),
+            profile=d.profile(head, self.age),
+        )

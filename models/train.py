@@ -26,7 +26,7 @@ from tqdm import tqdm
 from gemflow.config import save_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig, validate
-from models.data import BatchBuilder, DenseSpec, TrainingSet, leave_one_out_split
+from models.data import SNAPSHOTS, BatchBuilder, DenseSpec, TrainingSet, leave_one_out_split
 from models.inference import (
     ModelBundle,
     atomic_save,
@@ -103,8 +103,9 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
     if cfg.model == "user":
         mc = cfg.user_model
         builder = BatchBuilder(
-            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="last"
-        )
+            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="last",
+            snapshot=mc.snapshot,
+        )  # fmt: skip
     else:
         mc = cfg.ranker
         present = None
@@ -137,7 +138,7 @@ def _cached_user_tokens(cfg: TrainRunConfig, data: TrainingSet, given: np.ndarra
         return given, np.ones(len(given), bool), "given"
     if cfg.ranker.user_model:
         user_bundle = load_bundle(cfg.ranker.user_model)
-        emb = embed_examples(user_bundle, data)
+        emb = user_tokens_per_example(user_bundle, data)
         return emb, np.ones(len(emb), bool), user_bundle.version
     emb, present, versions = data.user_embeddings()
     if emb is None:
@@ -146,6 +147,29 @@ def _cached_user_tokens(cfg: TrainRunConfig, data: TrainingSet, given: np.ndarra
             "set ranker.user_model=<user-model run dir> or ranker.use_user_tokens=false (online-only)"
         )
     return emb, present, ",".join(versions)
+
+
+def user_tokens_per_example(bundle: ModelBundle, data: TrainingSet, batch_size: int = 256) -> np.ndarray:
+    """(examples, K * d) cached user tokens of every example, cut the way the user model was trained:
+    as of the example itself (``snapshot="example"``), or as of its day's start (``"day"``: one encode per user-day,
+    the daily refresh). Either way no event at or after the example's own cut enters its tokens."""
+    every = SNAPSHOTS[getattr(bundle.cfg, "snapshot", "example")]
+    if not every:
+        return embed_examples(bundle, data)
+    rows = np.arange(len(data.examples))
+    group, cuts = data.snapshot_groups(rows, every)
+    head = np.unique(group, return_index=True)[1]  # one example row per user-day
+    model, cfg = bundle.model, bundle.cfg
+    out = []
+    with torch.no_grad():
+        for chunk in batches(np.arange(len(head)), batch_size, "embed user-days"):
+            h = data.history(
+                head[chunk], cfg.max_history, cfg.time_buckets, gap_to="last", cuts=cuts[head[chunk]]
+            )
+            user_id = torch.from_numpy(data.examples["user_id"].to_numpy(np.int64)[head[chunk]])
+            out.append(model.encode_user(h, user_id).flatten(1))
+    per_group = torch.cat(out).numpy().astype(np.float32)
+    return per_group[group]
 
 
 # ----------------------------------------------------------------------------------------------- optimizers
@@ -187,6 +211,7 @@ def loss_fn(
 def evaluate_rows(model, builder, rows, batch_size, prefix: str) -> dict[str, float]:
     if len(rows) == 0:
         return {}
+    rows = builder.grouped(rows)  # snapshot groups contiguous: each user-day history is encoded once
     probs = predict(model, builder, rows, batch_size)
     labels = builder.data.labels(rows).numpy()
     return {
@@ -250,7 +275,7 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
         while state["epoch"] < oc.epochs and state["bad_epochs"] < oc.patience:
             epoch = state["epoch"] + 1
             model.train()
-            order = np.random.default_rng(oc.seed + epoch).permutation(s.train_rows)
+            order = s.builder.epoch_order(s.train_rows, np.random.default_rng(oc.seed + epoch))
             losses = []
             for rows in tqdm(
                 list(batches(order, oc.batch_size)), desc=f"epoch {epoch}/{oc.epochs}", leave=False
@@ -317,8 +342,9 @@ def _finish(cfg, s: Setup, run_dir: Path, state: dict, tracker: Tracker) -> Trai
     tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state["epoch"])
     from models.plots import calibration_plot, learning_curve_plot
 
-    probs = predict(best.model, s.builder, s.valid_rows, oc.eval_batch_size)
-    labels = s.data.labels(s.valid_rows).numpy()
+    valid_rows = s.builder.grouped(s.valid_rows)
+    probs = predict(best.model, s.builder, valid_rows, oc.eval_batch_size)
+    labels = s.data.labels(valid_rows).numpy()
     plots = [
         learning_curve_plot(state["history"], run_dir / "learning_curve.png"),
         calibration_plot(labels[:, 0], probs[:, 0], run_dir / "calibration.png"),

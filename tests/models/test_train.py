@@ -170,3 +170,55 @@ def test_bad_input_is_a_clear_error(ws):
         ],
     )
     assert result.exit_code == 2 and "no user_embedding values" in result.output
+
+
+def _tiny_user_bundle(**kw):
+    from models.inference import ModelBundle
+    from models.user_model import UserModel
+    from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
+
+    torch.manual_seed(0)
+    cfg = tiny_user_config(**kw)
+    model = UserModel(cfg, tiny_set().vocab, len(tiny_dense().columns)).eval()
+    return ModelBundle("user", model, tiny_set().vocab, tiny_dense(), 0, "v", "")
+
+
+def test_daily_snapshot_tokens_are_the_history_as_of_the_day_start():
+    import numpy as np
+
+    from models.train import user_tokens_per_example
+    from tests.models.fixtures import tiny_set
+
+    data, bundle = tiny_set(), _tiny_user_bundle(snapshot="day")
+    tokens = user_tokens_per_example(bundle, data)
+    rows = np.arange(len(data.examples))
+    group, cuts = data.snapshot_groups(rows)
+    assert tokens.shape == (len(rows), 2 * 16)
+    for g in np.unique(group)[:5]:  # every impression of a user-day reads the same cached tokens
+        same = tokens[group == g]
+        np.testing.assert_array_equal(same, np.broadcast_to(same[0], same.shape))
+    pick = np.array([0, 7, 50, len(rows) - 1])
+    cfg = bundle.cfg
+    history = data.history(pick, cfg.max_history, cfg.time_buckets, gap_to="last", cuts=cuts[pick])
+    user_id = torch.as_tensor(data.examples["user_id"].to_numpy()[pick])
+    with torch.no_grad():
+        direct = bundle.model.encode_user(history, user_id).flatten(1).numpy()
+    np.testing.assert_allclose(tokens[pick], direct, rtol=1e-5, atol=1e-6)
+
+
+def test_without_snapshots_tokens_are_per_example():
+    import numpy as np
+
+    from models.inference import embed_examples
+    from models.train import user_tokens_per_example
+    from tests.models.fixtures import tiny_set
+
+    bundle = _tiny_user_bundle()
+    np.testing.assert_array_equal(
+        user_tokens_per_example(bundle, tiny_set()), embed_examples(bundle, tiny_set())
+    )
+
+
+def test_snapshot_setting_is_validated(ws):
+    with pytest.raises(ValueError, match="user_model.snapshot must be 'example' or 'day'"):
+        train(load_config(TrainRunConfig, None, {**SMALL, "user_model.snapshot": "week"}), ws)

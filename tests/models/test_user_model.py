@@ -102,3 +102,20 @@ def test_mean_pooling_ablation():
     assert len(model.blocks) == 0 and model.num_user_tokens == 1
     logits, _ = model(batch)
     assert logits.shape == (10, 2) and torch.isfinite(logits).all()
+
+
+def test_a_user_day_scored_at_once_equals_each_impression_alone():
+    from models.inference import predict
+
+    cfg = tiny_user_config(snapshot="day")
+    builder = BatchBuilder(
+        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets,
+        gap_to="last", snapshot="day",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = UserModel(cfg, tiny_set().vocab, len(tiny_dense().columns)).eval()
+    rows = builder.grouped(np.arange(60))
+    together = predict(model, builder, rows, batch_size=64)  # user-days share one history each
+    alone = predict(model, builder, rows, batch_size=1)  # every impression encodes its own copy
+    assert builder(rows).history.batch_size < len(rows)
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-6)
