@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 FP8_RECIPES = ("none", "tensorwise", "rowwise")
 FP8_GROUPS = ("attention", "ffn")
 SHARDINGS = ("table_wise", "row_wise")
+SPARSE_COMMS = ("auto", "fp32", "bf16")
 LAUNCHERS = ("torchrun", "deepspeed")
 
 
@@ -54,6 +55,11 @@ class DistributedConfig:
     zero_stage: int = 2  # DeepSpeed ZeRO stage of the dense tower: 0, 1 or 2
     precision: str = "bf16"  # "bf16" | "fp32" for the dense tower (embeddings stay fp32)
     sharding: str = "table_wise"  # embedding sharding across ranks: "table_wise" | "row_wise"
+    # precision of the sharded embeddings' all-to-all (lookups forward, their gradients backward), the largest
+    # exchange of a step: "auto" = the dense tower's precision (the lookups are cast to it anyway, so bf16
+    # halves the bytes and loses nothing); "fp32" | "bf16" force one
+    sparse_comm: str = "auto"
+    reduce_bucket_mb: int = 64  # ZeRO-1/2 gradient reduce-scatter / all-gather buckets, MB of elements x 4
     tokens_per_step: int = 4096  # global token budget of one optimizer step (sum of history lengths + 1 each)
     max_steps: int = 0  # 0 = optim.epochs passes over the train split
     eval_every: int = 0  # steps between validation passes; 0 = at the end of every epoch
@@ -78,6 +84,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
         raise ValueError(f"distributed.zero_stage must be 0, 1 or 2, got {cfg.zero_stage}")
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"distributed.precision must be 'bf16' or 'fp32', got {cfg.precision!r}")
+    if cfg.sparse_comm not in SPARSE_COMMS:
+        raise ValueError(f"distributed.sparse_comm must be one of {SPARSE_COMMS}, got {cfg.sparse_comm!r}")
     if cfg.sharding not in SHARDINGS:
         raise ValueError(f"distributed.sharding must be one of {SHARDINGS}, got {cfg.sharding!r}")
     if cfg.tokens_per_step < cfg.nproc:
@@ -103,5 +111,7 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
             )
         if moe.ep_size < 1 or cfg.nproc % moe.ep_size:
             raise ValueError(f"distributed.moe.ep_size={moe.ep_size} must divide nproc={cfg.nproc}")
+    if cfg.reduce_bucket_mb < 1:
+        raise ValueError(f"distributed.reduce_bucket_mb must be >= 1, got {cfg.reduce_bucket_mb}")
     if cfg.checkpoint.every_steps < 0 or cfg.checkpoint.keep < 1:
         raise ValueError("distributed.checkpoint.every_steps must be >= 0 and checkpoint.keep >= 1")

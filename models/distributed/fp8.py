@@ -12,6 +12,7 @@ The swap keeps the Parameter objects, so DeepSpeed's MoE parameter grouping, don
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from models.distributed.config import Float8Config
@@ -65,4 +66,66 @@ def convert_to_float8(module: nn.Module, cfg: Float8Config) -> list[str]:
         convert_to_float8_training(
             module, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cfg.recipe)
         )
+    return chosen
+
+
+# ------------------------------------------------------------------------ torchao-free float8 (torch._scaled_mm)
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _to_float8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensor-wise dynamic scaling: (x / scale) in ``dtype`` and the fp32 scale that undoes it."""
+    scale = (x.detach().abs().amax().float() / torch.finfo(dtype).max).clamp(min=1e-12)
+    return (x / scale).clamp(torch.finfo(dtype).min, torch.finfo(dtype).max).to(dtype), scale
+
+
+def _col_major(x: torch.Tensor) -> torch.Tensor:
+    return x.t().contiguous().t()
+
+
+class _ScaledMMLinear(torch.autograd.Function):
+    """y = x W^T + b with float8 GEMMs: e4m3 inputs and weights forward, e5m2 gradients backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x8, sx = _to_float8(x, E4M3)
+        w8, sw = _to_float8(weight, E4M3)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)
+        ctx.save_for_backward(x8, sx, w8, sw)
+        ctx.has_bias, ctx.weight_dtype = bias is not None, weight.dtype
+        return y + bias.to(y.dtype) if bias is not None else y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x8, sx, w8, sw = ctx.saved_tensors
+        g8, sg = _to_float8(grad, E5M2)
+        grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=sg, scale_b=sw, out_dtype=grad.dtype)
+        grad_w = torch._scaled_mm(
+            g8.t().contiguous(), _col_major(x8), scale_a=sg, scale_b=sx, out_dtype=grad.dtype
+        )
+        grad_b = grad.sum(0).to(ctx.weight_dtype) if ctx.has_bias else None
+        return grad_x, grad_w.to(ctx.weight_dtype), grad_b
+
+
+class ScaledMMLinear(nn.Linear):
+    """A Linear trained with float8 GEMMs through ``torch._scaled_mm`` alone (torchao's tensorwise recipe,
+    without torchao): for machines that have a float8-capable torch but not torchao (the stock GPU image
+    ``bench/gpu_train.sh`` meets). Rows are zero-padded to a multiple of 16 (the float8 GEMM tile), so jagged
+    token counts work; in/out features must be multiples of 16 (``shape_ok``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, rows = x.shape, x.reshape(-1, x.shape[-1])
+        pad = -rows.shape[0] % 16
+        if pad:
+            rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
+        y = _ScaledMMLinear.apply(rows, self.weight, self.bias)
+        return y[: y.shape[0] - pad].reshape(*shape[:-1], self.out_features)
+
+
+def convert_to_scaled_mm(module: nn.Module, keep) -> list[str]:
+    """Swap every Linear ``keep(linear, fqn)`` accepts for a ``ScaledMMLinear`` sharing its Parameters."""
+    chosen = [name for name, m in module.named_modules() if type(m) is nn.Linear and keep(m, name)]
+    for name in chosen:
+        linear = module.get_submodule(name)
+        linear.__class__ = ScaledMMLinear  # same Parameters, same state_dict keys
     return chosen

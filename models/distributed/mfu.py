@@ -79,9 +79,14 @@ def counted_flops(fn) -> int:
 
 
 def measure_matmul_peak(
-    dtype: torch.dtype, size: int = 2048, seconds: float = 2.0, threads: int = 0
+    dtype: torch.dtype, size: int = 2048, seconds: float = 2.0, threads: int = 0, *, cpu_time: bool = False
 ) -> float:
-    """Sustained FLOP/s of a square GEMM in ``dtype`` (after a warm-up), on ``threads`` (0 = torch's default)."""
+    """Sustained FLOP/s of a square GEMM in ``dtype`` (after a warm-up), on ``threads`` (0 = torch's default).
+
+    ``cpu_time``: FLOP per CPU-second of this process instead of per wall second (with 1 thread: one core's
+    peak while it runs, whatever else the machine runs; the denominator of CPU-time MFU on a shared machine).
+    """
+    clock = time.process_time if cpu_time else time.perf_counter
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -90,11 +95,11 @@ def measure_matmul_peak(
         b = torch.randn(size, size).to(dtype)
         for _ in range(2):
             torch.mm(a, b)
-        runs, start = 0, time.perf_counter()
+        runs, start = 0, clock()
         while True:
             torch.mm(a, b)
             runs += 1
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
             if elapsed >= seconds:
                 return 2.0 * size**3 * runs / elapsed
     finally:

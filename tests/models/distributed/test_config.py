@@ -19,10 +19,14 @@ def test_deepspeed_config_from_run_config():
             "distributed.precision": "bf16",
             "optim.grad_clip": "0.5",
             "optim.lr": "3e-4",
+            "distributed.reduce_bucket_mb": "16",
         },
     )
     ds = deepspeed_config(cfg, world_size=2)
-    assert ds["zero_optimization"] == {"stage": 1}
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == 1 and zero["contiguous_gradients"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 16 * 2**20 // 4  # fp32 elements
+    assert zero["overlap_comm"] is False  # CPU: no side stream to overlap on
     assert ds["bf16"] == {"enabled": True}
     assert ds["gradient_clipping"] == 0.5
     assert ds["optimizer"]["type"] == "AdamW"
@@ -58,6 +62,8 @@ def test_cli_style_overrides_reach_the_nested_sections():
         ({"zero_stage": 3}, [], "zero_stage must be 0, 1 or 2"),
         ({"precision": "fp16"}, [], "precision must be 'bf16' or 'fp32'"),
         ({"sharding": "column_wise"}, [], "sharding must be one of"),
+        ({"sparse_comm": "fp8"}, [], "sparse_comm must be one of"),
+        ({"reduce_bucket_mb": 0}, [], "reduce_bucket_mb must be >= 1"),
         ({"launcher": "mpirun"}, [], "launcher must be one of"),
         ({}, ["dense"], "has 1 entries for 2 layers"),
         ({}, ["dense", "sparse"], "must be 'dense' or 'moe'"),

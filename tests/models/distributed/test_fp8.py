@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from gemflow.workspace import Workspace
 from models.distributed.config import Float8Config, MoEConfig
-from models.distributed.fp8 import convert_to_float8, float8_filter, group_of
+from models.distributed.fp8 import (
+    ScaledMMLinear,
+    convert_to_float8,
+    convert_to_scaled_mm,
+    float8_filter,
+    group_of,
+)
 from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
 from models.distributed.moe import swap_in_moe
 from models.train import loss_fn, prepare
@@ -81,3 +89,34 @@ def test_fp8_tower_trains_close_to_bf16(training_set, tmp_path):
     base, fp8 = results["none"][0], results["tensorwise"][0]
     rel = (fp8 - base).norm() / base.norm()
     assert rel < 0.1, f"float8 logits differ from bf16 by {rel:.3f} (relative)"
+
+
+def test_scaled_mm_linear_trains_like_a_linear_without_torchao():
+    """The torchao-free float8 Linear (torch._scaled_mm): forward and both gradients close to bf16, any row
+    count (jagged token totals), the same Parameters and state_dict keys after the swap."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).to(torch.bfloat16)
+    fp8 = copy.deepcopy(ref)
+    keep = float8_filter(Float8Config(recipe="tensorwise", min_features=16))
+    assert convert_to_scaled_mm(fp8, lambda m, name: keep(m, f"blocks.0.ffn.net.{name}")) == ["0", "2"]
+    assert all(isinstance(fp8[i], ScaledMMLinear) for i in (0, 2))
+    assert list(fp8.state_dict()) == list(ref.state_dict())
+    x = torch.randn(37, 64, dtype=torch.bfloat16)  # 37 rows: not a multiple of the 16-row tile
+    outs = {}
+    for name, model in (("bf16", ref), ("fp8", fp8)):
+        x_in = x.clone().requires_grad_()
+        y = model(x_in)
+        y.float().square().mean().backward()
+        outs[name] = (
+            y.detach().float(),
+            x_in.grad.float(),
+            model[0].weight.grad.float(),
+            model[2].bias.grad.float(),
+        )
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    for got, want in zip(outs["fp8"], outs["bf16"], strict=True):
+        assert got.shape == want.shape and torch.isfinite(got).all()
+        assert rel(got, want) < 0.1
