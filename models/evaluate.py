@@ -6,6 +6,12 @@ fixed seed, so every model ranks the same lists) are scored against the user's h
 HR@K, NDCG@K and MRR follow from the positive's rank. Every candidate, the positive included, takes its ad
 attributes from one per-ad table (each ad's last row in the train split), so the positive's own row leaks
 nothing. The user side is computed once per user and shared by its 1 + ``num_negatives`` candidates.
+
+Two scorers rank the lists of a user model: ``click`` (its p_click head: trained on which *shown* items a user
+liked) and ``next_event`` (its next-event head: the cosine of the last history state, projected, with each
+candidate's ad embedding — the sampled-softmax retrieval score it was trained with, i.e. which item comes next).
+The protocol's negatives are items the user never touched, so it asks the second question; on MovieLens, where
+every impression is a rated (watched) movie, the click head never saw an unwatched item as a negative.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from models.data import CANDIDATE_ID_FIELDS, BatchBuilder, Candidates, TrainingSet, leave_one_out_split
 from models.inference import ModelBundle, batches, embed_examples, load_bundle
@@ -58,13 +65,27 @@ def ad_table(data: TrainingSet, builder: BatchBuilder) -> dict[int, int]:
     return dict(zip(ex["ad_id"].to_numpy()[order].tolist(), order.tolist(), strict=True))
 
 
+SCORERS = ("click", "next_event")
+
+
 @torch.no_grad()
 def score_lists(
-    bundle: ModelBundle, data: TrainingSet, builder: BatchBuilder, lists: LooLists, batch_users: int = 64
+    bundle: ModelBundle,
+    data: TrainingSet,
+    builder: BatchBuilder,
+    lists: LooLists,
+    batch_users: int = 64,
+    scorer: str = "click",
 ):
-    """(U, 1 + negatives) p_click of every candidate list (one user-side computation per user)."""
+    """(U, 1 + negatives) scores of every candidate list (one user-side computation per user): p_click, or the
+    next-event retrieval score (user models with a trained next-event head only)."""
     model = bundle.model
     model.eval()
+    if scorer not in SCORERS:
+        raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
+    if scorer == "next_event":
+        _check_next_event_head(bundle)
+        return _next_event_scores(model, builder, lists, batch_users)
     table = ad_table(data, builder)
     out = []
     for chunk in batches(np.arange(len(lists.rows)), batch_users, "leave-one-out"):
@@ -88,12 +109,43 @@ def score_lists(
     return torch.cat(out).numpy()
 
 
+def _check_next_event_head(bundle: ModelBundle) -> None:
+    cfg = bundle.cfg
+    if bundle.kind != "user":
+        raise ValueError("the next_event scorer needs a user model (a ranker has no next-event head)")
+    if cfg.pooling != "transformer" or cfg.next_event_weight <= 0:
+        raise ValueError(
+            "the next_event scorer needs a user model trained with its next-event loss "
+            f"(pooling 'transformer', next_event_weight > 0), got pooling {cfg.pooling!r}, "
+            f"next_event_weight {cfg.next_event_weight}"
+        )
+
+
+def _next_event_scores(model, builder: BatchBuilder, lists: LooLists, batch_users: int) -> np.ndarray:
+    table = F.normalize(model.sparse.table("ad_id"), dim=-1)
+    out = []
+    for chunk in batches(np.arange(len(lists.rows)), batch_users, "leave-one-out (next event)"):
+        batch = builder(lists.rows[chunk])
+        states, _ = model.history_states(batch.history, batch.profile.user_id)
+        offsets = batch.history.offsets
+        lengths = offsets[1:] - offsets[:-1]
+        if len(states):
+            last = states[(offsets[1:] - 1).clamp(min=0)]
+        else:  # every history in the chunk is empty
+            last = states.new_zeros(len(chunk), model.cfg.d_model)
+        query = F.normalize(model.next_proj(last), dim=-1)  # what the state at the last event predicts next
+        ids = torch.from_numpy(lists.items[chunk]).clamp(0, table.shape[0] - 1)
+        scores = torch.einsum("ud,ucd->uc", query, table[ids])
+        out.append(torch.where(lengths[:, None] > 0, scores, torch.zeros_like(scores)))  # no history: all tie
+    return torch.cat(out).numpy()
+
+
 def leave_one_out(
     bundle: ModelBundle, data: TrainingSet, builder: BatchBuilder, *, split: str = "test", num_negatives: int = 99,
-    seed: int = 0, ks: tuple[int, ...] = (10,),
+    seed: int = 0, ks: tuple[int, ...] = (10,), scorer: str = "click",
 ) -> dict[str, float]:  # fmt: skip
     lists = loo_lists(data, split, num_negatives, seed)
-    scores = score_lists(bundle, data, builder, lists)
+    scores = score_lists(bundle, data, builder, lists, scorer=scorer)
     return rank_metrics(scores[:, 0], scores[:, 1:], ks)
 
 
