@@ -6,8 +6,10 @@
 ``DenseTower`` is the ``UserModel`` itself with its ``sparse`` module replaced by ``LookedUpEmbeddings``: the
 model's own ``history_states`` / ``_summarize`` / ``score`` run unchanged and read the embeddings this step
 already looked up. The next-event loss reads the ad table directly in the single-process model, which a sharded
-table cannot offer; here its target and negative rows are looked up with the other ids (features
-``next_target`` / ``next_negative`` on the ad table) and the loss is the same sampled softmax.
+table cannot offer; here the target of event i is the ad embedding of event i+1, already looked up for the
+history (no second lookup: the embedding exchange is the largest message of a step), the shared negatives are
+looked up with the other ids (feature ``next_negative`` on the ad table), and the loss is the same sampled
+softmax.
 
 Embedding gradients are summed across ranks by the sharded lookup while dense gradients are averaged by
 DeepSpeed; scaling the embedding outputs' gradient by 1/world makes both the mean over the global batch.
@@ -26,7 +28,8 @@ from models.data import Batch, Events
 from models.tokenizer import SparseArch, event_ids
 from models.user_model import UserModel
 
-NEXT_TARGET, NEXT_NEGATIVE = "next_target", "next_negative"
+NEXT_NEGATIVE = "next_negative"
+HIST_AD = "hist_ad_id"  # the history's ad lookups: event i+1's row is the next-event target of event i
 
 
 # ----------------------------------------------------------------------------------------------- sparse side
@@ -35,7 +38,7 @@ class ShardableSparse(SparseArch):
     (it never reads a table directly; the device comes from the ids)."""
 
     def __init__(self, source: SparseArch, dim: int):
-        features = {**source.features, NEXT_TARGET: "ad_id", NEXT_NEGATIVE: "ad_id"}
+        features = {**source.features, NEXT_NEGATIVE: "ad_id"}
         super().__init__(features, source.sizes, dim)
         self.ec.load_state_dict(source.ec.state_dict())  # same tables, same names: the same start
 
@@ -82,9 +85,6 @@ def sparse_ids(model: UserModel, batch: Batch, generator: torch.Generator | None
     negatives = None
     cfg = model.cfg
     if model.training and cfg.next_event_weight > 0 and cfg.pooling == "transformer":
-        src = next_event_sources(h)
-        seg = torch.repeat_interleave(torch.arange(b, device=device), h.lengths)[src]
-        ids[NEXT_TARGET] = (h.ad_id[src + 1], torch.bincount(seg, minlength=b))
         num_ads = model.sparse_sizes["ad_id"] + 1  # + the OOV row, as the single-process model samples
         negatives = torch.randint(0, num_ads - 1, (cfg.num_negatives,), generator=generator).to(device)
         ids[NEXT_NEGATIVE] = (negatives, torch.tensor([cfg.num_negatives] + [0] * (b - 1), device=device))
@@ -120,16 +120,16 @@ class DenseTower(nn.Module):
         states, user_emb = m.history_states(batch.history, batch.profile.user_id)
         logits = m.score(m._summarize(states, batch.history.offsets, user_emb), batch.candidates)
         aux = states.new_zeros((), dtype=torch.float32)
-        if NEXT_TARGET in emb and negatives is not None:
-            aux = self.next_event_loss(states, batch.history, emb[NEXT_TARGET], emb[NEXT_NEGATIVE], negatives)
+        if NEXT_NEGATIVE in emb and negatives is not None:
+            aux = self.next_event_loss(states, batch.history, emb[HIST_AD], emb[NEXT_NEGATIVE], negatives)
         return logits, aux
 
-    def next_event_loss(self, states, history, target_emb, negative_emb, negatives) -> torch.Tensor:
+    def next_event_loss(self, states, history, hist_ad_emb, negative_emb, negatives) -> torch.Tensor:
         """``UserModel.next_event_loss`` on looked-up rows: state i scores the ad of event i+1 against negatives."""
         src = next_event_sources(history)
         if src.numel() == 0:
             return states.new_zeros((), dtype=torch.float32)
-        target = history.ad_id[src + 1]
+        target, target_emb = history.ad_id[src + 1], hist_ad_emb[src + 1]
         h = F.normalize(self.model.next_proj(states[src]).float(), dim=-1)
         pos = (h * F.normalize(target_emb.float(), dim=-1)).sum(-1, keepdim=True)
         neg = h @ F.normalize(negative_emb.float(), dim=-1).T

@@ -51,7 +51,7 @@ def test_eval_mode_looks_up_no_next_event_rows(training_set, tmp_path):
     _, tower = _split(setup.bundle.model)
     tower.eval()
     ids, negatives = sparse_ids(tower.model, setup.builder(setup.valid_rows[:8]))
-    assert negatives is None and "next_target" not in ids
+    assert negatives is None and "next_negative" not in ids
 
 
 def test_next_event_sources_skip_each_sequences_last_event_and_empty_sequences(training_set, tmp_path):
