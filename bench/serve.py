@@ -1,166 +1,302 @@
 """Load bench of the online ranker: drives a running ``gemflow serve`` on 127.0.0.1 and prints figures.
 
-    1. latency p50/p95/p99 and throughput for 100, 1,000 and 5,000 candidates (concurrent keep-alive clients);
-    2. in process, side by side: the shared-K/V path vs recomputing the user side per candidate (same model,
-       same inputs; ``serving.scorer``);
-    3. a bounded load at a target rate (default 60 s): server errors and the server's RSS growth.
+    1. latency p50/p95/p99 and throughput for 100, 1,000 and 5,000 candidates: ``--concurrency`` closed-loop
+       keep-alive clients, plus the server's CPU time per request (its process, from /proc);
+    2. in process, side by side on the served model and the same inputs: the shared-K/V path (user side once,
+       ``serving.scorer.score_shared``) against recomputing the user side for every candidate, both as a naive
+       server would (one ``user_side`` + ``score`` call per candidate) and batched (the training-style forward
+       over N (user, candidate) rows, ``score_recompute``);
+    3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts, server errors
+       (5xx or transport), latency, and the server's RSS at start / end / peak, sampled every second.
 
-Usage (a bench world: 6,000 ads, the default ranker width, 64 recent events, its own server):
+Usage (a bench world: 6,000 ads, the default ranker at d_model 64, 64 recent events, its own server):
     .venv/bin/python bench/serve.py --build-world /tmp/gemflow-bench
+    .venv/bin/python bench/serve.py --build-world /tmp/gemflow-bench --only soak --soak 60 --rate 100
 or against a server you started (``gemflow serve``): ``--url http://127.0.0.1:8080 --model-uri PATH --pid PID``.
+
+The client shares the machine with the server: it is kept lean (``http.client`` keep-alive connections and
+orjson) and its own CPU time per request is printed next to the server's.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
+import http.client
 import os
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
+import orjson
 import psutil
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "gem-ranker"
+PREDICT = f"/v1/models/{MODEL}:predict"
+PHASES = ("latency", "compare", "soak")
+
+
+# ----------------------------------------------------------------------------------------------- client
+class Client:
+    """One keep-alive HTTP/1.1 connection (one per client thread)."""
+
+    def __init__(self, base: str, timeout: float = 30.0):
+        url = urllib.parse.urlparse(base)
+        self.host, self.port, self.timeout = url.hostname, url.port, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        for attempt in (0, 1):  # a keep-alive connection the server closed meanwhile is reopened once
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", path, body, {"Content-Type": "application/json"})
+                resp = self.conn.getresponse()
+                return resp.status, resp.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def get_json(base: str, path: str) -> tuple[int, dict]:
+    url = urllib.parse.urlparse(base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, orjson.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def request_body(rng, users: list[int], num_ads: int, n: int, request_ts: float) -> bytes:
+    cands = rng.choice(num_ads, size=n, replace=False).tolist()
+    body = {"user_id": int(rng.choice(users)), "candidates": cands, "context": {"request_ts": request_ts}}
+    return orjson.dumps(body)
+
+
+@dataclass
+class Tally:
+    """What a phase observed, filled by many client threads."""
+
+    client_ms: list[float] = field(default_factory=list)
+    server_ms: list[float] = field(default_factory=list)  # the server's own ``timing_ms.total``
+    codes: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, took_ms: float, status: int | str, payload: bytes | None) -> None:
+        reply = orjson.loads(payload) if status == 200 and payload else None
+        with self.lock:
+            self.codes[status] += 1
+            if reply is None:
+                return
+            self.client_ms.append(took_ms)
+            self.server_ms.append(reply["timing_ms"]["total"])
+            for reason in reply["fallback"]["reasons"]:
+                self.fallbacks[reason.split(":", 1)[0]] += 1
+
+    @property
+    def server_errors(self) -> int:
+        return sum(v for k, v in self.codes.items() if not (isinstance(k, int) and k < 500))
 
 
 def percentiles(ms: list[float]) -> str:
+    if not ms:
+        return "no successful requests"
     p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-    return f"p50 {p50:7.2f} ms  p95 {p95:7.2f} ms  p99 {p99:7.2f} ms"
+    return f"p50 {p50:7.2f}  p95 {p95:7.2f}  p99 {p99:7.2f} ms"
 
 
-def request_body(rng, users, num_ads: int, n: int, request_ts: float) -> bytes:
-    cands = rng.choice(num_ads, size=n, replace=False).tolist()
-    body = {"user_id": int(rng.choice(users)), "candidates": cands, "context": {"request_ts": request_ts}}
-    return json.dumps(body).encode()
+def cpu_seconds(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return float("nan")
+    t = proc.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
-def run_latency(url, bodies: list[bytes], concurrency: int) -> tuple[list[float], list[float], int, float]:
-    """Each worker owns a keep-alive client; returns client ms, server score ms, errors and wall seconds."""
-    lock, client_ms, score_ms, errors = threading.Lock(), [], [], [0]
-    chunks = [bodies[i::concurrency] for i in range(concurrency)]
+# ------------------------------------------------------------------------------------------ 1. latency
+def closed_loop(base: str, bodies: list[bytes], concurrency: int) -> tuple[Tally, float]:
+    """``concurrency`` clients, each sending its share of ``bodies`` back to back; returns the tally, wall s."""
+    tally = Tally()
 
-    def worker(chunk):
-        with httpx.Client(timeout=30, headers={"content-type": "application/json"}) as c:
+    def worker(chunk: list[bytes]) -> None:
+        client = Client(base)
+        try:
             for body in chunk:
                 t0 = time.perf_counter()
-                r = c.post(url, content=body)
-                took = 1e3 * (time.perf_counter() - t0)
-                with lock:
-                    if r.status_code != 200:
-                        errors[0] += 1
-                        continue
-                    client_ms.append(took)
-                    score_ms.append(r.json()["timing_ms"]["score"])
+                try:
+                    status, payload = client.post(PREDICT, body)
+                except OSError as err:
+                    status, payload = type(err).__name__, None
+                tally.record(1e3 * (time.perf_counter() - t0), status, payload)
+        finally:
+            client.close()
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, chunks))
-    return client_ms, score_ms, errors[0], time.perf_counter() - t0
+        list(pool.map(worker, [bodies[i::concurrency] for i in range(concurrency)]))
+    return tally, time.perf_counter() - t0
 
 
-def run_load(
-    url, rng, users, num_ads, n, rate: float, seconds: float, pid: int | None, request_ts: float
-) -> None:
-    """Open loop at ``rate`` requests/s for ``seconds`` (bounded; stops by itself)."""
-    proc = psutil.Process(pid) if pid else None
-    rss0 = proc.memory_info().rss if proc else 0
-    total = int(rate * seconds)
-    bodies = [request_body(rng, users, num_ads, n, request_ts) for _ in range(min(total, 500))]
-    lock, ms, codes = threading.Lock(), [], {}
-    local = threading.local()
-
-    def one(i):
-        if not hasattr(local, "client"):
-            local.client = httpx.Client(timeout=10, headers={"content-type": "application/json"})
-        t0 = time.perf_counter()
-        try:
-            code = local.client.post(url, content=bodies[i % len(bodies)]).status_code
-        except httpx.HTTPError as err:
-            code = type(err).__name__
-        with lock:
-            ms.append(1e3 * (time.perf_counter() - t0))
-            codes[code] = codes.get(code, 0) + 1
-
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        for i in tqdm(
-            range(total), desc=f"load {rate:.0f} req/s x {seconds:.0f} s", leave=False, disable=None
-        ):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, i)
-    wall = time.perf_counter() - start
-    server_errors = sum(v for k, v in codes.items() if not (isinstance(k, int) and k < 500))
-    rss1 = proc.memory_info().rss if proc else 0
-    print(f"  sent {total} in {wall:.1f} s ({total / wall:.1f} req/s achieved), status counts {codes}")
-    print(f"  latency {percentiles(ms)}; server errors (5xx or transport): {server_errors}")
-    if proc:
-        print(
-            f"  server RSS {rss0 / 2**20:.0f} MiB -> {rss1 / 2**20:.0f} MiB ({(rss1 - rss0) / 2**20:+.1f} MiB)"
-        )
+def run_latency(base, rng, users, num_ads, sizes, requests, concurrency, proc, request_ts) -> None:
+    print(
+        f"\n== latency over HTTP: {concurrency} concurrent keep-alive clients, {requests} requests per size"
+    )
+    print("   (server CPU = the server process's CPU seconds / request; client CPU = this bench's)")
+    for n in sizes:
+        bodies = [request_body(rng, users, num_ads, n, request_ts) for _ in range(requests)]
+        closed_loop(base, bodies[: max(20, concurrency * 4)], concurrency)  # warm-up
+        cpu0, me0 = cpu_seconds(proc), time.process_time()
+        tally, wall = closed_loop(base, bodies, concurrency)
+        server_cpu = 1e3 * (cpu_seconds(proc) - cpu0) / requests
+        client_cpu = 1e3 * (time.process_time() - me0) / requests
+        ok = len(tally.client_ms)
+        print(f"  {n:>5} candidates: {percentiles(tally.client_ms)}  {ok / wall:6.1f} req/s  "
+              f"server CPU {server_cpu:5.2f} ms/req  client CPU {client_cpu:4.2f} ms/req  "
+              f"errors {requests - ok}")  # fmt: skip
+        print(f"        server-side total {percentiles(tally.server_ms)}  fallbacks {dict(tally.fallbacks)}")
 
 
-def shared_vs_recompute(model_uri: str, sizes: list[int], reps: int) -> None:
+# ------------------------------------------------------------------------------------------ 2. compare
+def shared_vs_recompute(model_uri: str, sizes: list[int], reps: int, loop_sample: int) -> None:
     import torch
 
     from models.data import Candidates, Events, Profile
+    from serving import runtime
     from serving.model_source import load_served_model
     from serving.scorer import UserInputs, score_recompute, score_shared
 
-    torch.set_num_threads(1)
+    runtime.configure(1)  # as the server: 1 intra-op thread, heap-kept allocations
     served = load_served_model(model_uri)
     cfg, ranker = served.cfg, served.ranker
     vocab = {
-        n: t.shape[0] - 1
-        for n, t in ((f, ranker.sparse.table(f)) for f in ("ad_id", "action", "category_id", "advertiser_id"))
+        f: ranker.sparse.table(f).shape[0] - 1 for f in ("ad_id", "action", "category_id", "advertiser_id")
     }
     g = torch.Generator().manual_seed(0)
+
+    def ints(high: int, n: int) -> torch.Tensor:
+        return torch.randint(0, high, (n,), generator=g)
+
     e = cfg.recent_events
-    events = Events(*(torch.randint(0, vocab[f], (e,), generator=g) for f in ("ad_id", "action")),
-                    torch.zeros(e, dtype=torch.int64), torch.randint(0, vocab["category_id"], (e,), generator=g),
-                    torch.randint(0, vocab["advertiser_id"], (e,), generator=g), torch.arange(e) * 60,
-                    torch.randint(0, cfg.time_buckets, (e,), generator=g), torch.tensor([0, e]))  # fmt: skip
+    events = Events(ints(vocab["ad_id"], e), ints(vocab["action"], e), torch.zeros(e, dtype=torch.int64),
+                    ints(vocab["category_id"], e), ints(vocab["advertiser_id"], e), torch.arange(e) * 60,
+                    ints(cfg.time_buckets, e), torch.tensor([0, e]))  # fmt: skip
     profile = Profile(torch.tensor([1]), torch.tensor([1]), torch.tensor([1]), torch.tensor([[0.0]]))
     tokens = None
     if ranker.user_proj is not None:
         tokens = torch.randn(1, cfg.num_user_tokens, ranker.user_proj.in_features, generator=g)
     user = UserInputs(events, profile, tokens)
+    mask = None if tokens is None else torch.ones(1, dtype=torch.bool)
+
+    @torch.inference_mode()
+    def per_candidate_calls(cands: Candidates, count: int) -> np.ndarray:
+        """A naive server: for each candidate, the user side and then that one candidate."""
+        out = []
+        for i in range(count):
+            side = ranker.user_side(user.recent, user.profile, user.user_tokens, mask)
+            out.append(torch.sigmoid(ranker.score(side, cands.select(torch.tensor([i])))))
+        return torch.cat(out).numpy()
+
+    print("\n== shared K/V vs recomputing the user side per candidate (in process, same model and inputs)")
+    print(f"   model {served.version}: d_model {cfg.d_model}, {cfg.num_layers} blocks, {e} recent events "
+          f"+ {0 if tokens is None else cfg.num_user_tokens} user tokens; 1 torch thread; CPU ms (best of {reps})")  # fmt: skip
     print(
-        f"  model {served.version}: d_model {cfg.d_model}, {cfg.num_layers} blocks, {e} recent events, torch threads 1"
+        f"   naive loop: timed on the first {loop_sample} candidates, x N / {loop_sample} (each call is alike)"
     )
     for n in sizes:
-        cands = Candidates(torch.randint(0, vocab["ad_id"], (n,), generator=g), torch.zeros(n, dtype=torch.int64),
-                           torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64),
-                           torch.randn(n, len(served.dense.columns), generator=g), torch.tensor([0, n]))  # fmt: skip
-        score_shared(ranker, user, cands, 2048)
-        t_shared = min(_timed(lambda c=cands: score_shared(ranker, user, c, 2048)) for _ in range(reps))
-        r = max(1, reps // 3) if n >= 1000 else reps
-        t_re = min(_timed(lambda c=cands: score_recompute(ranker, user, c)) for _ in range(r))
-        diff = np.abs(score_shared(ranker, user, cands, 2048) - score_recompute(ranker, user, cands)).max()
-        print(f"  {n:>5} candidates: shared K/V {t_shared:8.2f} ms   recompute per candidate {t_re:9.2f} ms   "
-              f"speed-up {t_re / t_shared:6.1f}x   max |diff| {diff:.1e}")  # fmt: skip
+        cands = Candidates(ints(vocab["ad_id"], n), ints(vocab["advertiser_id"], n), ints(vocab["category_id"], n),
+                           torch.zeros(n, dtype=torch.int64), torch.randn(n, len(served.dense.columns), generator=g),
+                           torch.tensor([0, n]))  # fmt: skip
+        shared = score_shared(ranker, user, cands, 2048)
+        t_shared = min(_cpu_ms(lambda c=cands: score_shared(ranker, user, c, 2048)) for _ in range(reps))
+        batched = score_recompute(ranker, user, cands)
+        t_batched = min(
+            _cpu_ms(lambda c=cands: score_recompute(ranker, user, c)) for _ in range(max(1, reps // 2))
+        )
+        sample = min(n, loop_sample)
+        naive = per_candidate_calls(cands, sample)
+        t_naive = _cpu_ms(lambda c=cands, k=sample: per_candidate_calls(c, k)) * n / sample
+        diff = max(np.abs(shared - batched).max(), np.abs(shared[:sample] - naive).max())
+        print(f"  {n:>5} candidates: shared {t_shared:8.2f} ms | per-candidate calls {t_naive:9.1f} ms "
+              f"({t_naive / t_shared:6.1f}x) | batched recompute {t_batched:8.1f} ms ({t_batched / t_shared:5.1f}x)"
+              f" | max |diff| {diff:.1e}")  # fmt: skip
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
+def _cpu_ms(fn) -> float:
+    t0 = time.process_time()
     fn()
-    return 1e3 * (time.perf_counter() - t0)
+    return 1e3 * (time.process_time() - t0)
 
 
-def start_server(
-    world_dir: Path, port: int, max_candidates: int, d_model: int
-) -> tuple[subprocess.Popen, Path, list[int], int]:
+# --------------------------------------------------------------------------------------------- 3. soak
+def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, request_ts: float) -> None:
+    """Open loop at ``rate`` requests/s for ``seconds`` (bounded; stops by itself), RSS sampled every second."""
+    print(f"\n== soak: {rate:.0f} req/s x {seconds:.0f} s, {n} candidates per request (open loop)")
+    total = int(rate * seconds)
+    bodies = [request_body(rng, users, num_ads, n, request_ts) for _ in range(min(total, 500))]
+    tally, local = Tally(), threading.local()
+    rss: list[int] = []
+    done = threading.Event()
+
+    def sample_rss() -> None:
+        while proc is not None and not done.is_set():
+            rss.append(proc.memory_info().rss)
+            done.wait(1.0)
+
+    def one(i: int, due: float) -> None:
+        if not hasattr(local, "client"):
+            local.client = Client(base, timeout=10)
+        t0 = min(due, time.perf_counter())  # from when it was due: a late send counts as latency (open loop)
+        try:
+            status, payload = local.client.post(PREDICT, bodies[i % len(bodies)])
+        except OSError as err:
+            status, payload = type(err).__name__, None
+        tally.record(1e3 * (time.perf_counter() - t0), status, payload)
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        for i in tqdm(range(total), desc="soak", leave=False, disable=None, mininterval=2):
+            due = start + i / rate
+            if due > time.perf_counter():
+                time.sleep(due - time.perf_counter())
+            pool.submit(one, i, due)
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    print(f"  sent {total} in {wall:.1f} s ({total / wall:.1f} req/s), status counts {dict(tally.codes)}")
+    print(
+        f"  latency {percentiles(tally.client_ms)}; server errors (5xx or transport): {tally.server_errors}"
+    )
+    print(f"  fallbacks {dict(tally.fallbacks)}")
+    if rss:
+        mib = np.array(rss) / 2**20
+        half = mib[len(mib) // 2 :]
+        slope = np.polyfit(np.arange(len(half)), half, 1)[0] * 60 if len(half) > 2 else float("nan")
+        print(f"  server RSS start {mib[0]:.0f} MiB, end {mib[-1]:.0f} MiB, peak {mib.max():.0f} MiB "
+              f"({mib[-1] - mib[0]:+.1f} MiB; second half trend {slope:+.1f} MiB/min)")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- the server
+def start_server(world_dir: Path, port: int, max_candidates: int, d_model: int):
     from tests.serving.world import KNOWN_USERS, build_world
 
     world_dir.mkdir(parents=True, exist_ok=True)
@@ -182,9 +318,9 @@ def wait_ready(base: str, proc: subprocess.Popen | None, timeout: float = 180) -
         if proc is not None and proc.poll() is not None:
             raise SystemExit(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(f"{base}/v2/models/{MODEL}/ready", timeout=2).status_code == 200:
+            if get_json(base, f"/v2/models/{MODEL}/ready")[0] == 200:
                 return
-        except httpx.HTTPError:
+        except OSError:
             pass
         time.sleep(0.5)
     raise SystemExit(f"server at {base} not ready within {timeout:.0f} s")
@@ -194,56 +330,52 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="", help="base URL of a running server (127.0.0.1 only)")
     ap.add_argument("--build-world", type=Path, help="build a bench world here and start its server")
+    ap.add_argument("--port", type=int, default=18080, help="port of the --build-world server")
     ap.add_argument("--model-uri", default="", help="the served model (for the in-process comparison)")
-    ap.add_argument("--pid", type=int, default=0, help="server pid (RSS growth)")
+    ap.add_argument("--pid", type=int, default=0, help="server pid (CPU per request, RSS)")
     ap.add_argument("--users", default="0,1,2,3,4", help="user ids to sample")
     ap.add_argument("--num-ads", type=int, default=6000, help="candidates are sampled from ids [0, num_ads)")
     ap.add_argument("--requests", type=int, default=300, help="requests per candidate-set size")
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=2, help="closed-loop clients (about one per core)")
     ap.add_argument("--sizes", default="100,1000,5000")
-    ap.add_argument("--rate", type=float, default=100.0, help="target requests/s of the load phase")
-    ap.add_argument("--load-seconds", type=float, default=60.0)
-    ap.add_argument("--load-candidates", type=int, default=1000)
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of the in-process comparison")
+    ap.add_argument("--loop-sample", type=int, default=200, help="candidates timed for the naive loop")
+    ap.add_argument("--soak", type=float, default=60.0, help="seconds of the open-loop soak (0 = skip)")
+    ap.add_argument("--rate", type=float, default=100.0, help="requests/s of the soak")
+    ap.add_argument("--soak-candidates", type=int, default=1000)
+    ap.add_argument("--only", choices=PHASES, action="append", help="run only these phases (repeatable)")
     ap.add_argument("--d-model", type=int, default=64, help="ranker width of the --build-world model")
     args = ap.parse_args()
+    phases = set(args.only or PHASES)
 
     proc = None
     users = [int(u) for u in args.users.split(",")]
     if args.build_world:
-        port = 18080
-        proc, model_path, users, args.num_ads = start_server(args.build_world, port, 5000, args.d_model)
-        args.url, args.model_uri, args.pid = f"http://127.0.0.1:{port}", str(model_path), proc.pid
-    host = urllib.parse.urlparse(args.url).hostname
-    if host not in ("127.0.0.1", "localhost"):
+        proc, model_path, users, args.num_ads = start_server(args.build_world, args.port, 5000, args.d_model)
+        args.url, args.model_uri, args.pid = f"http://127.0.0.1:{args.port}", str(model_path), proc.pid
+    if urllib.parse.urlparse(args.url).hostname not in ("127.0.0.1", "localhost"):
         raise SystemExit(
             f"--url must point at 127.0.0.1 (got {args.url!r}): this bench only drives a local server"
         )
     from tests.serving.world import REQUEST_TS
 
-    request_ts = float(REQUEST_TS)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    server = psutil.Process(args.pid) if args.pid else None
     try:
         wait_ready(args.url, proc)
-        url = f"{args.url}/v1/models/{MODEL}:predict"
         rng = np.random.default_rng(0)
-        print(
-            f"\n== latency over HTTP ({args.concurrency} concurrent keep-alive clients, {args.requests} requests each size)"
-        )
-        for n in [int(s) for s in args.sizes.split(",")]:
-            bodies = [request_body(rng, users, args.num_ads, n, request_ts) for _ in range(args.requests)]
-            run_latency(url, bodies[:20], args.concurrency)  # warm-up
-            ms, score, errors, wall = run_latency(url, bodies, args.concurrency)
-            print(f"  {n:>5} candidates: {percentiles(ms)}  {len(ms) / wall:7.1f} req/s  "
-                  f"(server scoring p50 {np.median(score):.2f} ms, errors {errors})")  # fmt: skip
-        if args.model_uri:
-            print("\n== shared K/V vs per-candidate recompute (in process, same model and inputs)")
-            shared_vs_recompute(args.model_uri, [int(s) for s in args.sizes.split(",")], reps=5)
-        print(
-            f"\n== load: {args.rate:.0f} req/s x {args.load_seconds:.0f} s, {args.load_candidates} candidates"
-        )
-        run_load(url, rng, users, args.num_ads, args.load_candidates, args.rate, args.load_seconds,
-                 args.pid or None, request_ts)  # fmt: skip
-        stats = httpx.get(f"{args.url}/v2/models/{MODEL}/stats", timeout=5).json()["stats"]
-        print(f"  server stats: {stats}")
+        print(f"server {args.url} (pid {args.pid or '?'}), {os.cpu_count()} CPUs, "
+              f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
+        if "latency" in phases:
+            run_latency(args.url, rng, users, args.num_ads, sizes, args.requests, args.concurrency, server,
+                        float(REQUEST_TS))  # fmt: skip
+        if "compare" in phases and args.model_uri:
+            shared_vs_recompute(args.model_uri, sizes, args.reps, args.loop_sample)
+        if "soak" in phases and args.soak > 0:
+            run_soak(args.url, rng, users, args.num_ads, args.soak_candidates, args.rate, args.soak, server,
+                     float(REQUEST_TS))  # fmt: skip
+        stats = get_json(args.url, f"/v2/models/{MODEL}/stats")[1]["stats"]
+        print(f"\nserver stats: {stats}")
     finally:
         if proc is not None:
             proc.terminate()

@@ -28,7 +28,8 @@ class ScoringConfig:
     batch_size: int = 2048  # candidates scored per forward call (they share the user's K/V)
     torch_threads: int = 1  # intra-op threads per scoring worker (small matmuls: fork/join costs more)
     workers: int = 2  # requests scored at once, each on its own thread (about one per core)
-    feature_workers: int = 2  # threads for online-store reads; all busy -> degraded immediately, no queueing
+    feature_workers: int = 2  # threads for online-store reads
+    feature_waiting: int = 8  # reads that may wait for a busy worker; beyond that -> degraded at once
 
 
 @dataclass
@@ -79,6 +80,8 @@ class ServingConfig:
         if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0:
             raise ValueError("limits.feature_timeout_ms and limits.request_timeout_ms must be > 0")
         sc = self.scoring
+        if sc.feature_waiting < 0:
+            raise ValueError(f"scoring.feature_waiting must be >= 0, got {sc.feature_waiting}")
         if min(sc.batch_size, sc.feature_workers, sc.workers, sc.torch_threads) < 1:
             raise ValueError(
                 "scoring.batch_size, scoring.feature_workers, scoring.workers and scoring.torch_threads must be >= 1"

@@ -85,7 +85,7 @@ class RankerPredictor(Model):
             self.store = open_store(self.ws, self.cfg.feature_store)
         lim, at = self.cfg.limits, self.cfg.ad_table
         self.reader = UserFeatureReader(
-            self.store, USER_SERVICE, lim.feature_timeout_ms / 1e3, sc.feature_workers
+            self.store, USER_SERVICE, lim.feature_timeout_ms / 1e3, sc.feature_workers, sc.feature_waiting
         )
         loader = feast_ad_loader(self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk)
         self.ads = AdTable(loader, at.refresh_seconds)

@@ -1,8 +1,10 @@
 """The per-request user side from the Feast online store: profile, recent events, cached embedding.
 
 Reads run on a small worker pool and are awaited with a deadline; a slow or failing store yields ``None`` plus
-the reason, and the request continues on the degraded path. When every worker is still stuck on an earlier read
-(a locked or hung store), new requests do not queue behind it: they are answered degraded at once.
+the reason, and the request continues on the degraded path. Concurrent requests may wait for a worker (up to
+``max_waiting`` of them, each within its own deadline; a read that times out while waiting is cancelled), so a
+burst is served, not degraded. When the workers are stuck on earlier reads (a locked or hung store) and that many
+reads already wait, new requests do not queue behind them: they are answered degraded at once.
 """
 
 from __future__ import annotations
@@ -66,11 +68,12 @@ def parse_online_row(row: dict) -> UserFeatures:
 class UserFeatureReader:
     """``await reader.read(user_id)`` -> (UserFeatures | None, degraded reason | None)."""
 
-    def __init__(self, store, feature_service: str, timeout_s: float, workers: int = 2):
+    def __init__(self, store, feature_service: str, timeout_s: float, workers: int = 2, max_waiting: int = 8):
         self.store = store
         self.feature_service = feature_service
         self.timeout_s = timeout_s
         self.workers = workers
+        self.max_waiting = max_waiting
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="feast-read")
         self._busy = 0
         self._lock = threading.Lock()
@@ -90,7 +93,7 @@ class UserFeatureReader:
 
     async def read(self, user_id: int) -> tuple[UserFeatures | None, str | None]:
         with self._lock:
-            if self._busy >= self.workers:
+            if self._busy >= self.workers + self.max_waiting:  # running or waiting for a worker
                 return None, "feature_store_busy"
             self._busy += 1
         try:

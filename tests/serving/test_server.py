@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -14,10 +11,17 @@ import numpy as np
 import pytest
 
 from serving.client import get, post, v1_body, v2_body
-from tests.serving.world import REQUEST_TS, USER_MODEL_VERSION, build_world, free_port, write_offline_set
+from tests.serving.world import (
+    MODEL,
+    REQUEST_TS,
+    USER_MODEL_VERSION,
+    build_world,
+    free_port,
+    running_server,
+    write_offline_set,
+)
 
 pytestmark = pytest.mark.integration
-MODEL = "gem-ranker"
 MAX_CANDIDATES = 50
 
 
@@ -28,40 +32,16 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(world, tmp_path_factory):
-    port = free_port()
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
-    cmd = [
-        sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
-        "--model-uri", str(world.model_path), "--http-port", str(port),
-        "--set", f"limits.max_candidates={MAX_CANDIDATES}", "--set", "limits.max_body_bytes=4096",
-        "--set", "limits.feature_timeout_ms=1500", "--set", "limits.request_timeout_ms=10000",
-        "--set", "ad_table.refresh_seconds=3600",
-    ]  # fmt: skip
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    settings = (
+        f"limits.max_candidates={MAX_CANDIDATES}", "limits.max_body_bytes=4096", "limits.feature_timeout_ms=1500",
+        "limits.request_timeout_ms=10000", "ad_table.refresh_seconds=3600",
+    )  # fmt: skip
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"gemflow serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if get(f"{base}/v2/models/{MODEL}/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not ready in time:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with running_server(world, free_port(), log, *settings) as base:
+            yield base
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 def _v1(base):

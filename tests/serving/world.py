@@ -9,8 +9,13 @@ surface: the ``user_recent_events`` view carries no per-event surface, so servin
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from features.feature_repo import FeatureStoreConfig
 from features.feature_repo.offline import write_partition
 from features.feature_repo.tables import (
     CREATED_TS,
@@ -65,9 +71,15 @@ def _write(ws: Workspace, table: str, df: pd.DataFrame) -> None:
 
 
 def build_world(
-    root: Path, seed: int = 0, num_ads: int = NUM_ADS, d_model: int = 16, max_recent: int = 20
+    root: Path,
+    seed: int = 0,
+    num_ads: int = NUM_ADS,
+    d_model: int = 16,
+    max_recent: int = 20,
+    store_cfg: FeatureStoreConfig | None = None,
 ) -> World:
-    """``num_ads`` / ``d_model`` grow it for the load bench (``bench/serve.py --build-world``)."""
+    """``num_ads`` / ``d_model`` grow it for the load bench (``bench/serve.py --build-world``); ``store_cfg``
+    picks the online store (default: the embedded SQLite one; a Redis one for the outage test)."""
     rng = np.random.default_rng(seed)
     ws = Workspace(root / "ws")
     ads = pd.DataFrame(
@@ -146,7 +158,7 @@ def build_world(
 
     from features.store import open_store
 
-    store = open_store(ws, apply=True)
+    store = open_store(ws, store_cfg, apply=True)
     store.materialize(DAY_END - dt.timedelta(days=2), DAY_END + dt.timedelta(minutes=1))
     model_path = _tiny_ranker(root / "ranker", ads, seed, d_model)
     return World(
@@ -247,3 +259,42 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+MODEL = "gem-ranker"
+
+
+@contextlib.contextmanager
+def running_server(world: World, port: int, log: Path, *settings: str, ready_timeout: float = 180.0):
+    """A real ``gemflow serve`` process on ``port`` (``settings``: ``key=value`` config overrides), stopped after."""
+    from serving.client import get
+
+    cmd = [sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
+           "--model-uri", str(world.model_path), "--http-port", str(port)]  # fmt: skip
+    for setting in settings:
+        cmd += ["--set", setting]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gemflow serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if get(f"{base}/v2/models/{MODEL}/ready", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready in {ready_timeout:.0f} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
