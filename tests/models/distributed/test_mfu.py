@@ -53,3 +53,10 @@ def test_matmul_peak_and_mfu():
     assert peak > 1e8  # any CPU does > 0.1 GFLOP/s
     assert mfu(2e9, 1.0, 4e9) == 0.5
     assert np.isnan(mfu(1.0, 0.0, 1.0))
+
+
+def test_cpu_time_peak_is_at_least_the_wall_peak_on_one_thread():
+    """Per CPU-second a core cannot be slower than per wall second (waiting for the core costs no CPU time)."""
+    wall = measure_matmul_peak(torch.float32, size=256, seconds=0.3, threads=1)
+    cpu = measure_matmul_peak(torch.float32, size=256, seconds=0.3, threads=1, cpu_time=True)
+    assert cpu > 1e8 and cpu >= 0.7 * wall  # 0.7: the two runs are separate measurements

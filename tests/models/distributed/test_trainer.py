@@ -1,0 +1,34 @@
+"""perf.json of a run: wall and CPU-clock throughput, the slowest rank's CPU time as the critical path."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from torch import nn
+
+from models.distributed.trainer import PERF_WARMUP_STEPS, _write_perf
+
+
+def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
+    p = SimpleNamespace(
+        world=2,
+        cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5)),
+        fp8_modules=[],
+        tower=nn.Linear(2, 2),
+    )
+    steps = PERF_WARMUP_STEPS + 2
+    stats = [{"seconds": 2.0, "flops": 1e12, "tokens": [60, 40], "imbalance": 1.2} for _ in range(steps)]
+    warm = [9.0] * PERF_WARMUP_STEPS  # slow first steps are left out
+    cpu_by_rank = [warm + [1.0, 3.0], warm + [2.0, 1.0]]
+    _write_perf(p, tmp_path, stats, cpu_by_rank)
+    perf = json.loads((tmp_path / "perf.json").read_text())
+    assert perf["steps_timed"] == 2
+    assert perf["tokens_per_second"] == pytest.approx(200 / 4.0)
+    assert perf["mfu"] == pytest.approx(2e12 / 4.0 / 0.5e12)
+    assert perf["critical_cpu_seconds"] == pytest.approx(2.0 + 3.0)  # rank 1 is slower at step 1, rank 0 at 2
+    assert perf["cpu_core_seconds"] == pytest.approx(7.0)
+    assert perf["tokens_per_critical_cpu_second"] == pytest.approx(200 / 5.0)
+    assert perf["model_tflops_per_cpu_core_second"] == pytest.approx(2.0 / 7.0)
+    assert perf["rank_cpu_imbalance_mean"] == pytest.approx((2.0 / 1.5 + 3.0 / 2.0) / 2)
