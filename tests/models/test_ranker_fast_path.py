@@ -1,0 +1,115 @@
+"""The ranker's inference fast path (direct embedding gathers, one user's candidates as one SDPA block, the head
+expanded over the shared profile) against the training path on the same weights and inputs (torchrec
+KeyedJaggedTensor lookups, jagged attention, the plain head): the same scores, for every config it serves."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from models.data import Candidates, Events, Profile
+from models.ranker import Ranker
+from tests.models.fixtures import tiny_ranker_config
+
+VOCAB = {"ad_id": 50, "advertiser_id": 6, "category_id": 5, "action": 8, "surface": 5, "gender": 3, "country": 4,
+         "user_id": 10}  # fmt: skip
+D_USER, K = 8, 2
+
+
+def _model(**cfg_kw) -> Ranker:
+    torch.manual_seed(0)
+    model = Ranker(tiny_ranker_config(attention_backend="auto", **cfg_kw), VOCAB, 3, D_USER).eval()
+    with torch.no_grad():  # spread the weights so every part of the model moves the scores
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def _inputs(n_events: list[int], n_cands: list[int], seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    e, b, n = sum(n_events), len(n_events), sum(n_cands)
+
+    def ints(low, high, size):
+        return torch.randint(low, high, (size,), generator=g)
+
+    # ad ids past the vocabulary (50) and -1 ids take the OOV row on both paths
+    events = Events(ints(-1, 60, e), ints(0, 8, e), ints(0, 5, e), ints(0, 5, e), ints(0, 6, e),
+                    torch.arange(e) * 60, ints(0, 32, e), torch.cumsum(torch.tensor([0, *n_events]), 0))  # fmt: skip
+    profile = Profile(ints(0, 10, b), ints(-1, 3, b), ints(0, 4, b), torch.randn(b, 1, generator=g))
+    cands = Candidates(ints(0, 60, n), ints(-1, 6, n), ints(0, 5, n), ints(0, 5, n), torch.randn(n, 3, generator=g),
+                       torch.cumsum(torch.tensor([0, *n_cands]), 0))  # fmt: skip
+    tokens = torch.randn(b, K, D_USER, generator=g)
+    return events, profile, cands, tokens
+
+
+def _scores(model: Ranker, inputs, fast: bool, mask=None) -> torch.Tensor:
+    events, profile, cands, tokens = inputs
+    mask = torch.ones(len(profile.gender), dtype=torch.bool) if mask is None else mask
+    with torch.set_grad_enabled(not fast):  # gradients on = the training path
+        side = model.user_side(events, profile, tokens, mask)
+        return model.score(side, cands).detach()
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {},
+        {"use_user_tokens": False},
+        {"interaction_layers": 1},
+        {"pooling": "mean"},
+        {"pooling": "din"},
+        {"num_layers": 1, "ffn_mult": 4},
+    ],  # fmt: skip
+    ids=["default", "online_only", "interaction", "mean", "din", "one_layer_ffn4"],
+)
+@pytest.mark.parametrize(("events", "cands"), [([12], [30]), ([0], [7]), ([5, 9], [4, 11])])
+def test_fast_path_equals_training_path(cfg, events, cands):
+    model = _model(**cfg)
+    inputs = _inputs(events, cands)
+    fast, slow = _scores(model, inputs, fast=True), _scores(model, inputs, fast=False)
+    assert fast.shape == (sum(cands), 2)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-5)
+    assert fast[:, 0].std() > 1e-3  # the candidates really are scored differently
+
+
+def test_fast_path_with_an_empty_context():
+    """No recent events and no cached tokens: attention reads nothing, as in the jagged ops."""
+    model = _model()
+    inputs = _inputs([0], [9])
+    no_tokens = torch.zeros(1, dtype=torch.bool)
+    fast = _scores(model, inputs, fast=True, mask=no_tokens)
+    torch.testing.assert_close(fast, _scores(model, inputs, fast=False, mask=no_tokens), rtol=0, atol=1e-5)
+
+
+def test_training_mode_keeps_the_plain_head():
+    """Dropout must still apply while training, so the expanded head is used only in eval mode."""
+    model = _model(dropout=0.5).train()
+    inputs = _inputs([6], [40])
+    torch.manual_seed(0)
+    a = _scores(model, inputs, fast=True)
+    torch.manual_seed(1)
+    b = _scores(model, inputs, fast=True)
+    assert not torch.allclose(a, b)  # dropout is live
+    model.eval()
+    torch.testing.assert_close(
+        _scores(model, inputs, fast=True), _scores(model, inputs, fast=False), rtol=0, atol=1e-5
+    )
+
+
+def test_one_request_in_batches_equals_one_call():
+    """Serving scores a request in batches that share one user side; batching changes nothing."""
+    model = _model()
+    events, profile, cands, tokens = _inputs([10], [25])
+    with torch.no_grad():
+        side = model.user_side(events, profile, tokens, torch.ones(1, dtype=torch.bool))
+        whole = model.score(side, cands)
+        parts = [
+            model.score(
+                side,
+                dataclasses.replace(cands.select(torch.arange(lo, hi)), offsets=torch.tensor([0, hi - lo])),
+            )
+            for lo, hi in ((0, 10), (10, 25))
+        ]
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-6)
