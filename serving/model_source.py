@@ -12,8 +12,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from models.data import DenseSpec
 from models.ranker import Ranker
 
@@ -99,9 +97,3 @@ def _registry_version(uri: str) -> str | None:
     except Exception:  # noqa: BLE001 (the version label is informative only)
         return None
     return None
-
-
-@torch.no_grad()
-def warm_up(served: ServedModel, scorer, candidates: int = 64) -> None:
-    """One throwaway request so the first client does not pay for lazy initialisation."""
-    scorer.warm_up(candidates)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import itertools
 import logging
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +43,12 @@ from serving.user_features import UserFeatureReader, UserFeatures
 log = logging.getLogger(__name__)
 USER_SERVICE = "ranker_serving"
 PROBE_SECONDS = 1.0  # how long a feature-store readiness probe result is reused
+# Request ids: a random per-process prefix + a counter (unique without a urandom syscall per request).
+_ID_PREFIX, _ID_COUNTER = os.urandom(4).hex(), itertools.count()
+
+
+def _request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
 
 
 @dataclass
@@ -54,7 +61,7 @@ class Job:
     v2: bool
     started: float
     fetch_ms: float
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    request_id: str = field(default_factory=_request_id)
 
 
 class RankerPredictor(Model):
