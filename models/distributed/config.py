@@ -56,8 +56,9 @@ class DistributedConfig:
     precision: str = "bf16"  # "bf16" | "fp32" for the dense tower (embeddings stay fp32)
     sharding: str = "table_wise"  # embedding sharding across ranks: "table_wise" | "row_wise"
     # precision of the sharded embeddings' all-to-all (lookups forward, their gradients backward), the largest
-    # exchange of a step: "auto" = the dense tower's precision (the lookups are cast to it anyway, so bf16
-    # halves the bytes and loses nothing); "fp32" | "bf16" force one
+    # exchange of a step: "auto" = bf16 on GPUs when the tower is bf16 (the lookups are cast to bf16 anyway:
+    # half the bytes, nothing lost), fp32 on CPU (measured: converting costs more CPU than the loopback copy
+    # of the extra bytes); "fp32" | "bf16" force one
     sparse_comm: str = "auto"
     reduce_bucket_mb: int = 64  # ZeRO-1/2 gradient reduce-scatter / all-gather buckets, MB of elements x 4
     tokens_per_step: int = 4096  # global token budget of one optimizer step (sum of history lengths + 1 each)

@@ -181,7 +181,9 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
         swap_in_moe(model.blocks, cfg.user_model.ffn, dc.moe, rank=rank, seed=cfg.optim.seed)
     tower = DenseTower(model)
     fp8_modules = convert_to_float8(tower, dc.fp8)
-    comm = dc.sparse_comm if dc.sparse_comm != "auto" else dc.precision
+    comm = dc.sparse_comm
+    if comm == "auto":
+        comm = "bf16" if device.type == "cuda" and dc.precision == "bf16" else "fp32"
     dmp = shard_sparse(sparse, dc.sharding, world, device, cfg.optim.sparse_lr, comm)
     tower.to(device)
 
