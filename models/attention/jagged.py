@@ -67,12 +67,15 @@ class Layout:
     """The buckets of one jagged tensor, stacked in one padded buffer of ``sum(n * max_len)`` slots.
 
     Real row ``rows[i]`` of the jagged tensor sits in slot ``slots[i]`` of the buffer; no row or slot repeats.
+    ``identity``: the buffer is the jagged tensor itself (no padding, rows in order, e.g. a batch of equal
+    lengths such as users whose history fills ``max_history``), so no rows need to move.
     """
 
     buckets: list[Bucket]
     rows: torch.Tensor
     slots: torch.Tensor
     num_slots: int
+    identity: bool = False
 
 
 def length_class(lens: torch.Tensor, budget: float = PAD_BUDGET, short_len: int = SHORT_LEN) -> torch.Tensor:
@@ -136,7 +139,9 @@ def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
         buckets.append(Bucket(seq, valid, bool(seq_lens.min() < max_len)))
         start += valid.numel()
     empty = offsets.new_zeros(0)
-    return Layout(buckets, torch.cat(rows) if rows else empty, torch.cat(slots) if slots else empty, start)
+    rows, slots = (torch.cat(rows), torch.cat(slots)) if rows else (empty, empty)
+    identity = start == int(offsets[-1]) and torch.equal(rows, slots)
+    return Layout(buckets, rows, slots, start, identity)
 
 
 def plan_self(offsets: torch.Tensor) -> Layout:
@@ -181,17 +186,20 @@ class _MoveRows(torch.autograd.Function):
 
 def to_blocks(values: torch.Tensor, plan: Layout) -> list[torch.Tensor]:
     """(total, *rest) jagged -> per bucket (n, max_len, *rest), zeros in padded slots."""
-    buffer = _MoveRows.apply(values, plan.rows, plan.slots, plan.num_slots)
+    buffer = values if plan.identity else _MoveRows.apply(values, plan.rows, plan.slots, plan.num_slots)
     parts = buffer.split([b.size for b in plan.buckets])
-    return [part.view(*b.valid.shape, *values.shape[1:]) for b, part in zip(plan.buckets, parts, strict=True)]
+    return [
+        part.reshape(*b.valid.shape, *values.shape[1:]) for b, part in zip(plan.buckets, parts, strict=True)
+    ]
 
 
 def from_blocks(blocks: list[torch.Tensor], plan: Layout, like: torch.Tensor) -> torch.Tensor:
     """Per bucket (n, max_len, H, D) -> the jagged output shaped like ``like``; rows no bucket covers stay zero."""
     if not blocks:
         return like.new_zeros(like.shape)
-    buffer = torch.cat([blk.reshape(-1, *like.shape[1:]) for blk in blocks]).to(like.dtype)
-    return _MoveRows.apply(buffer, plan.slots, plan.rows, like.shape[0])
+    flat = [blk.reshape(-1, *like.shape[1:]) for blk in blocks]
+    buffer = (flat[0] if len(flat) == 1 else torch.cat(flat)).to(like.dtype)
+    return buffer if plan.identity else _MoveRows.apply(buffer, plan.slots, plan.rows, like.shape[0])
 
 
 def _sdpa(qb, kb, vb, mask, is_causal: bool = False) -> torch.Tensor:
@@ -229,18 +237,18 @@ class SelfPlan:
 def bucket_columns(
     bucket: Bucket, ts_block: torch.Tensor | None, causal: bool, pos_columns: int, time_columns: int
 ) -> torch.Tensor:
-    """(n or 1, L, L) column of every cell of one bucket in the combined table (see ``SelfPlan``)."""
+    """(n or 1, L, L) int32 column of every cell of one bucket in the combined table (see ``SelfPlan``)."""
     length, device = bucket.max_len, bucket.valid.device
-    col = torch.zeros((1, length, length), dtype=torch.int64, device=device)
+    col = torch.zeros((1, length, length), dtype=torch.int32, device=device)
     if pos_columns:
-        pos = torch.arange(length, device=device)
-        rel = pos_bucket(pos[:, None] - pos[None, :], (pos_columns - 1) // 2)
-        col = col + rel[None] * max(time_columns, 1)
+        pos = torch.arange(length, device=device, dtype=torch.int32)
+        col += pos_bucket(pos[:, None] - pos[None, :], (pos_columns - 1) // 2) * max(time_columns, 1)
     if time_columns:
-        col = col + time_bucket(ts_block[:, :, None] - ts_block[:, None, :], time_columns)  # (n, L, L)
+        gaps = ts_block[:, :, None] - ts_block[:, None, :]
+        col = col + time_bucket(gaps, time_columns, out_int32=True)  # (n, L, L)
     masked = max(pos_columns, 1) * max(time_columns, 1)  # the last column: -inf
     if causal:
-        col = col.masked_fill(torch.ones(length, length, dtype=torch.bool, device=device).triu(1), masked)
+        col = col.masked_fill_(torch.ones(length, length, dtype=torch.bool, device=device).triu(1), masked)
     elif bucket.padded:  # padded keys sit at the end; a padded query row still sees its sequence's keys
         col = col.masked_fill(~bucket.valid[:, None, :], masked)
     return col
@@ -263,7 +271,7 @@ def plan_self_attention(
     columns = max(pos_columns, 1) * max(time_columns, 1) + 1
     head_base = (torch.arange(heads, device=offsets.device, dtype=torch.int32) * columns).view(1, heads, 1, 1)
     index = [
-        bucket_columns(b, ts, causal, pos_columns, time_columns).to(torch.int32)[:, None] + head_base
+        bucket_columns(b, ts, causal, pos_columns, time_columns)[:, None] + head_base
         for b, ts in zip(plan.buckets, ts_blocks, strict=True)
     ]
     return SelfPlan(plan, index, pos_columns, time_columns)

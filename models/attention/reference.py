@@ -44,10 +44,15 @@ def pos_bucket(rel: torch.Tensor, max_rel: int) -> torch.Tensor:
     return rel.clamp(-max_rel, max_rel) + max_rel
 
 
-def time_bucket(dt_seconds: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    # floor(log2(x)) for x >= 1 is frexp's exponent - 1: exact at powers of two, and cheaper than log2 + floor.
-    exponent = torch.frexp(1.0 + dt_seconds.abs().double()).exponent
-    return (exponent.long() - 1).clamp_(0, num_buckets - 1)
+def time_bucket(dt_seconds: torch.Tensor, num_buckets: int, out_int32: bool = False) -> torch.Tensor:
+    """floor(log2(1 + |dt|)) clamped to [0, T - 1]: bucket k >= 1 holds the gaps in [2^k - 1, 2^(k+1) - 1).
+
+    Counted by binary search against those exact integer edges (no log2 rounding at powers of two).
+    """
+    wide = torch.float64 if dt_seconds.is_floating_point() else torch.int64
+    gap = dt_seconds.abs().to(wide)
+    edges = torch.pow(2, torch.arange(1, num_buckets, device=gap.device, dtype=torch.int64)).sub_(1).to(wide)
+    return torch.bucketize(gap, edges, right=True, out_int32=out_int32)
 
 
 def relative_bias(

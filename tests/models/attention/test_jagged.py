@@ -157,6 +157,16 @@ def test_self_attention_spanning_many_buckets(causal, launch):
     )
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_equal_lengths_move_no_rows_and_match_reference(causal):
+    """Histories that all fill max_history lay out as the jagged tensor itself (no copy in or out)."""
+    assert jagged.plan_self(offsets_of([6, 6, 6])).identity
+    assert jagged.plan_self(offsets_of([6, 0, 6])).identity  # an empty sequence owns no rows
+    assert not jagged.plan_self(offsets_of([6, 5, 6])).identity  # one padded slot
+    check_self([6, 6, 6], 2, 4, causal, 3, 5, torch.float32, 11, FP32)
+    check_self([6, 0, 6], 2, 4, causal, 3, 5, torch.float32, 12, FP32)
+
+
 def test_empty_batch_and_all_empty_sequences():
     for lens in ([], [0, 0, 0]):
         inputs = self_inputs(lens, 2, 4, True, 2, 3, torch.float32, 0)
