@@ -1,20 +1,29 @@
 """Embedding-refresh throughput: users/s and MFU of the user model's ``encode_user`` on 256-event histories.
 
-FLOPs of one batch are counted with ``torch.utils.flop_counter.FlopCounterMode``; the peak is a square GEMM
-measured in this same run (fp32 and bf16, same threads), so MFU = counted FLOPs x batches / wall time / peak of
-the dtype the refresh ran in. Users are synthetic (random ids, sorted timestamps): throughput does not depend
-on the values. Each configuration is warmed up once, then timed ``--repeats`` times; the best run is reported
-(the 2 cores are shared, so the best run is the one least disturbed by other processes).
+MFU = model FLOPs x batches / wall time / peak of the dtype the refresh ran in; the peak is a square GEMM
+measured in this same run (fp32 and bf16, same threads). Model FLOPs (``encode_flops``) are the matmuls of the
+encoder on each history's own length (2 per multiply-add; attention over the full length x length square, the
+convention of ``models.distributed.mfu``), never bucket padding; the ``counted`` column is the ratio of what
+``FlopCounterMode`` sees the kernels compute to that figure (1.00: no padding, nothing left out).
+``cpu s/batch`` is the process's CPU time (user + system, all threads) per batch: on a shared machine it moves
+far less with the others' load than wall time, so compare it across versions.
+
+Users are synthetic (random ids, sorted timestamps): throughput does not depend on the values. Each
+configuration is warmed up once, then timed ``--repeats`` times; the best run is reported (the 2 cores are
+shared, so the best run is the one least disturbed by other processes).
 
     .venv/bin/python bench/refresh.py                         # the default grid (d_model 64 and 256)
     .venv/bin/python bench/refresh.py --d-model 256 --layers 4 --budgets 16384,65536 --dtypes bf16
     .venv/bin/python bench/refresh.py --nproc 2               # + the multi-process path (spawn, 1 thread each)
+    .venv/bin/python bench/refresh.py --d-model 256 --dtypes fp32,bf16 --budgets 16384 --users 512 --repeats 3
+                                                              # the issue's figure (~2 min on a quiet machine)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 
 import numpy as np
@@ -55,8 +64,19 @@ def bundle_for(d_model: int, layers: int, heads: int, history: int) -> ModelBund
     return ModelBundle("user", model, VOCAB, DenseSpec(["quality"], [0.0], [1.0]), 0, "bench", "")
 
 
-def batch_flops(bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig) -> tuple[int, int]:
-    """(FLOPs of the first batch of the plan, its users), counted by FlopCounterMode."""
+def encode_flops(cfg: UserModelConfig, lengths: np.ndarray) -> float:
+    """Matmul FLOPs of ``encode_user`` on histories of these lengths (2 per multiply-add, no padding)."""
+    d, m, k = cfg.d_model, cfg.ffn_mult, cfg.num_user_tokens
+    lens = np.asarray(lengths, np.float64)
+    users, tokens = len(lens), float(lens.sum())
+    per_layer = 8 * tokens * d * d + 4 * float((lens**2).sum()) * d + 4 * m * tokens * d * d
+    # summary: K queries (q projection) cross-attend over the projected states (k, v), then the out projection
+    summary = 2 * users * k * d * d + 4 * tokens * d * d + 4 * k * tokens * d + 2 * users * k * d * d
+    return cfg.num_layers * per_layer + summary
+
+
+def batch_flops(bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig) -> tuple[float, float, int]:
+    """(model FLOPs, FlopCounterMode FLOPs, users) of the first batch of the plan."""
     rows = token_budget_batches(seqs.lengths, cfg.token_budget, cfg.max_users_per_batch)[0]
     batch = seqs.take(rows)
     history = batch.events(bundle.cfg.time_buckets)
@@ -65,13 +85,19 @@ def batch_flops(bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig) ->
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             bundle.model.encode_user(history, torch.from_numpy(batch.user_ids))
 
-    return counted_flops(run), len(rows)
+    return encode_flops(bundle.cfg, batch.lengths), counted_flops(run), len(rows)
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``fn()``."""
+    c0, t0 = cpu_seconds(), time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_seconds() - c0
 
 
 def main() -> None:
@@ -101,7 +127,8 @@ def main() -> None:
     )
     seqs = synthetic_users(args.users, args.history)
     header = (
-        f"{'d_model':>7} {'dtype':>5} {'budget':>7} {'users/b':>7} {'users/s':>9} {'GFLOP/s':>8} {'MFU':>6}"
+        f"{'d_model':>7} {'dtype':>5} {'budget':>7} {'users/b':>7} {'users/s':>9} {'cpu s/batch':>11} "
+        f"{'GFLOP/s':>8} {'MFU':>6} {'counted':>7}"
     )
     print(header)
     best = None
@@ -110,9 +137,9 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             for budget in (int(b) for b in args.budgets.split(",")):
                 cfg = RefreshConfig(token_budget=budget, max_users_per_batch=100_000, bf16=dtype == "bf16")
-                flops, per_batch = batch_flops(bundle, seqs, cfg)
+                flops, seen, per_batch = batch_flops(bundle, seqs, cfg)
                 encode_sequences(bundle, seqs.take(np.arange(min(per_batch, args.users))), cfg, desc=None)
-                seconds = min(
+                seconds, cpu = min(
                     timed(lambda b=bundle, c=cfg: encode_sequences(b, seqs, c, desc=None))
                     for _ in range(args.repeats)
                 )
@@ -120,7 +147,8 @@ def main() -> None:
                 rate = flops * batches / seconds  # every batch has the same shape (equal lengths)
                 mfu = rate / peaks[dtype]
                 print(f"{d:>7} {dtype:>5} {budget:>7} {per_batch:>7} {args.users / seconds:>9.1f} "
-                      f"{rate / 1e9:>8.1f} {mfu:>6.1%}", flush=True)  # fmt: skip
+                      f"{cpu / batches:>11.3f} {rate / 1e9:>8.1f} {mfu:>6.1%} {seen / flops:>7.2f}",
+                      flush=True)  # fmt: skip
                 if best is None or mfu > best[0]:
                     best = (mfu, d, dtype, budget)
     print(f"# best MFU {best[0]:.1%} (d_model {best[1]}, {best[2]}, budget {best[3]}); goal >= 40%")
@@ -131,8 +159,8 @@ def main() -> None:
         for nproc in (1, args.nproc):
             cfg = RefreshConfig(nproc=nproc, threads=max(1, args.threads // nproc), token_budget=budget,
                                 max_users_per_batch=100_000, bf16=dtype == "bf16")  # fmt: skip
-            flops, per_batch = batch_flops(bundle, seqs, cfg)
-            seconds = timed(lambda c=cfg: encode_parallel(bundle, seqs, c))
+            flops, _, per_batch = batch_flops(bundle, seqs, cfg)
+            seconds, _ = timed(lambda c=cfg: encode_parallel(bundle, seqs, c))
             rate = flops / per_batch * args.users / seconds
             print(f"# encode_parallel nproc={nproc} x {cfg.threads} thread(s), d_model {d} {dtype}: "
                   f"{args.users / seconds:.1f} users/s, MFU {rate / peaks[dtype]:.1%} (incl. process start)")  # fmt: skip
