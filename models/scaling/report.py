@@ -355,6 +355,10 @@ def markdown(
         lines += ["", f"This command: {cmd['wall_s']:.0f} s wall, {cmd['cpu_s']:.0f} CPU s summed over all its "
                       f"processes ({cmd['trained_points']} point(s) trained, {cmd['cores']} core(s) available; "
                       "a rerun skips finished points)."]  # fmt: skip
+        total = summary.get("invocations")
+        if total and total["count"] > 1:
+            lines[-1] += (f" All {total['count']} invocations of this sweep: {total['wall_s']:.0f} s wall, "
+                          f"{total['cpu_s']:.0f} CPU s, {total['trained_points']} point(s) trained.")  # fmt: skip
     for img in images or []:
         rel = img.relative_to(image_base) if image_base else img
         lines += ["", f"![{img.stem}]({rel.as_posix()})"]

@@ -289,6 +289,20 @@ class Sweep:
                         self.cfg.flop_batch, self.parent_run_id, cfg.ranker.user_model if point.model == "ranker" else "",
                         tc.serving_candidates, tc.serving_repeats)  # fmt: skip
 
+    def record_invocation(self, command: dict) -> dict:
+        """Append this command's cost to sweep.json; return the totals over every invocation so far (an
+        interrupted sweep finished by a rerun is charged for both)."""
+        state_path = self.dir / "sweep.json"
+        state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        stamp = {"finished_at": dt.datetime.now(dt.UTC).isoformat(), **command}
+        state["invocations"] = [*state.get("invocations", []), stamp]
+        state_path.write_text(json.dumps(state, indent=2))
+        calls = state["invocations"]
+        return {
+            "count": len(calls),
+            **{k: sum(c[k] for c in calls) for k in ("wall_s", "cpu_s", "trained_points")},
+        }
+
     # ------------------------------------------------------------------------------------------- tracking
     def _client(self):
         from mlflow import MlflowClient
@@ -406,6 +420,7 @@ def run_sweep(cfg: ScalingConfig, ws: Workspace, *, workers: int = 0, progress: 
     # this invocation only (a rerun that skips finished points costs little); CPU summed over the workers
     summary["command"] = {"wall_s": time.perf_counter() - wall_start, "cpu_s": _cpu_seconds() - cpu_start,
                           "trained_points": sweep.trained, "cores": default_workers(1)}  # fmt: skip
+    summary["invocations"] = sweep.record_invocation(summary["command"])
     prefix = f"scaling-{sweep.name}"
     plots = report.plot_all(summary, sweep.dir / "plots", prefix)
     md = report.markdown(summary, f"Sweep `{sweep.name}`", plots, sweep.dir)

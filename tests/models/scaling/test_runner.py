@@ -74,6 +74,9 @@ def test_sweep_tracks_children_and_a_rerun_skips_finished_points(ws):
         assert (second.sweep_dir / "points" / k / "result.json").stat().st_mtime_ns == stamp
         assert second.results[k]["mlflow_run_id"] == first.results[k]["mlflow_run_id"]
     assert len(_child_runs(ws, parent)) == 4  # same parent run, one more child
+    calls = json.loads((second.sweep_dir / "sweep.json").read_text())["invocations"]
+    assert [c["trained_points"] for c in calls] == [3, 1] and all(c["cpu_s"] > 0 for c in calls)
+    assert second.summary["invocations"]["count"] == 2 and "All 2 invocations" in second.markdown
 
 
 def test_unknown_axis_and_missing_training_set_are_named(ws):
