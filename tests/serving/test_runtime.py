@@ -1,0 +1,27 @@
+"""Process settings of the serving process (serving.runtime). Their effect on speed (no page faults per request,
+threads per worker) is measured by ``bench/serve.py`` (server CPU per request), not asserted here."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from serving import runtime
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc tuning is glibc-only")
+def test_glibc_accepts_the_malloc_thresholds():
+    assert runtime.keep_allocations_in_heap()
+
+
+def test_configure_sets_the_intra_op_threads():
+    before = torch.get_num_threads()
+    try:
+        runtime.configure(1)
+        assert torch.get_num_threads() == 1
+        runtime.worker_init(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
