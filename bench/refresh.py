@@ -26,16 +26,21 @@ import os
 import resource
 import time
 
-import numpy as np
-import torch
+# Large tensors on transparent huge pages: each layer allocates (users, heads, L, L) bias masks and wide
+# activations afresh, and faulting them in 4 KiB pages cost as much as the attention itself (PyTorch reads
+# this once, at its first allocation, so it must be set before the import; THP_MEM_ALLOC_ENABLE=0 compares).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from features.schema import ACTIONS, SURFACES
-from models.config import UserModelConfig
-from models.data import DenseSpec
-from models.distributed.mfu import counted_flops, measure_matmul_peak
-from models.embeddings.batching import token_budget_batches
-from models.embeddings.refresh import RefreshConfig, UserSequences, encode_parallel, encode_sequences
-from models.inference import ModelBundle, build_model
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from features.schema import ACTIONS, SURFACES  # noqa: E402
+from models.config import UserModelConfig  # noqa: E402
+from models.data import DenseSpec  # noqa: E402
+from models.distributed.mfu import counted_flops, measure_matmul_peak  # noqa: E402
+from models.embeddings.batching import token_budget_batches  # noqa: E402
+from models.embeddings.refresh import RefreshConfig, UserSequences, encode_parallel, encode_sequences  # noqa: E402
+from models.inference import ModelBundle, build_model  # noqa: E402
 
 VOCAB = {"ad_id": 50_000, "advertiser_id": 2_000, "category_id": 300, "action": len(ACTIONS),
          "surface": len(SURFACES), "user_id": 100_000, "gender": 3, "country": 50}  # fmt: skip
@@ -117,7 +122,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     print(f"# refresh bench: {args.users} users x {args.history} events, {args.threads} threads, "
-          f"load avg {load:.1f} on {os.cpu_count()} cores, torch {torch.__version__}")  # fmt: skip
+          f"load avg {load:.1f} on {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}")  # fmt: skip
     peaks = {
         "fp32": measure_matmul_peak(torch.float32, threads=args.threads),
         "bf16": measure_matmul_peak(torch.bfloat16, threads=args.threads),

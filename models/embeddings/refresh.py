@@ -270,6 +270,9 @@ def encode_parallel(bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig
             part = seqs.take(rows)
             arrays = {f"v_{f}": part.values[f] for f in HISTORY_FIELDS}
             np.savez(Path(tmp) / f"shard-{rank}.npz", user_ids=part.user_ids, offsets=part.offsets, **arrays)
+        # Workers allocate large masks and activations per batch: huge pages save most of their page faults
+        # (read by PyTorch at start-up, so the spawned workers get it through the environment).
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
         mp.start_processes(
             _worker, args=(str(model_path), tmp, cfg, threads), nprocs=cfg.nproc, start_method="spawn"
         )
