@@ -77,7 +77,7 @@ else:
     import inspect
 
     import torch
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
 
     from models.attention import dispatch, reference
@@ -290,6 +290,20 @@ else:
         out = tri.jagged_cross_attention(q, _offsets([4]), empty, empty, _offsets([0]))
         assert out.shape == q.shape and not out.any()
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    @pytest.mark.parametrize("mode", ["causal", "bidirectional", "cross"])
+    def test_case_empty_and_length_one_sequences(dtype, mode):
+        """Forward and backward on the edge lengths, in every mode and dtype the models use."""
+        for lengths in ([0], [1], [0, 1, 0, 1], [1, 0, 3]):
+            seed = len(lengths)
+            if mode == "cross":  # the reversed lengths give queries without keys and keys without queries
+                _cross_case(lengths, lengths[::-1], heads=2, head_dim=16, dtype=dtype, seed=seed)
+            else:
+                _self_case(
+                    lengths, heads=2, head_dim=16, dtype=dtype, causal=mode == "causal", max_rel=2,
+                    time_buckets=4, seed=seed,
+                )  # fmt: skip
+
     def test_case_strided_qkv_from_one_projection_and_int32_offsets():
         gen = torch.Generator().manual_seed(9)
         qkv = torch.randn(30, 3, 2, 32, generator=gen).to(DEVICE).requires_grad_()
@@ -342,6 +356,79 @@ else:
     LENGTHS = st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, 40)), min_size=1, max_size=4)
 
     @PROPERTY_SETTINGS
+    @example(
+        lengths=[0, 1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.float32,
+        causal=False,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
+    @example(
+        lengths=[0, 1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.float32,
+        causal=True,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
+    @example(
+        lengths=[0, 1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        causal=False,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
+    @example(
+        lengths=[0, 1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        causal=True,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
+    @example(
+        lengths=[1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.float32,
+        causal=False,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
+    @example(
+        lengths=[1], heads=2, head_dim=16, dtype=torch.float32, causal=True, max_rel=3, time_buckets=5, seed=1
+    )
+    @example(
+        lengths=[1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        causal=False,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
+    @example(
+        lengths=[1],
+        heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        causal=True,
+        max_rel=3,
+        time_buckets=5,
+        seed=1,
+    )
     @given(
         lengths=LENGTHS,
         heads=st.integers(1, 2),
@@ -358,6 +445,8 @@ else:
         _self_case(lengths, heads, head_dim, dtype, causal, max_rel, time_buckets, seed)
 
     @PROPERTY_SETTINGS
+    @example(pairs=[(0, 0), (1, 1), (1, 0), (0, 1)], heads=2, head_dim=16, dtype=torch.float32, seed=2)
+    @example(pairs=[(0, 0), (1, 1), (1, 0), (0, 1)], heads=2, head_dim=16, dtype=torch.bfloat16, seed=2)
     @given(
         pairs=st.lists(
             st.tuples(
