@@ -92,7 +92,8 @@ def register(app: typer.Typer) -> None:
         overrides: SetOpt = None,
         ws: WorkspaceOpt = None,
     ) -> None:
-        """Validate raw partition DATE, publish it to the offline store and Feast (idempotent per date)."""
+        """Validate raw partition DATE (or every date of --start..--end / --dates, in one process), publish it
+        to the offline store and Feast (idempotent per date)."""
         from features.ingest import IngestConfig
 
         modes = [
