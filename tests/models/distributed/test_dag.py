@@ -28,8 +28,11 @@ print(json.dumps({{
 
 def test_train_dag_builds_the_set_then_launches_the_distributed_job(tmp_path):
     require_airflow()
+    template = tmp_path / "pod-template.yaml"  # cluster mode needs one (tests/dags/test_stage_pods.py)
+    template.write_text("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: base\n")
     for mode, operator in (("local", "PythonOperator"), ("cluster", "KubernetesPodOperator")):
-        out = run_airflow_python(WIRING, airflow_env(tmp_path / mode, GEMFLOW_MODE=mode))
+        env = airflow_env(tmp_path / mode, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
+        out = run_airflow_python(WIRING, env)
         assert out["errors"] == {}, out["errors"]
         assert out["tasks"] == ["build_training_set", "train_user_model"]
         assert out["upstream"] == ["build_training_set"]
