@@ -18,9 +18,13 @@ One prepared, unattended run (needs CUDA and Triton; exits 1 without them):
    ``jagged``); skipped with a message when those modules are absent or fail.
 
     python3 bench/gpu_attention.py                  # everything (a few minutes on an H200, much of it compiling)
-    python3 bench/gpu_attention.py --quick          # max length 1k only, fewer repetitions
+    python3 bench/gpu_attention.py --quick          # on a GPU: max length 1k only, fewer repetitions
     python3 bench/gpu_attention.py --json rows.json # also write the rows
-    TRITON_INTERPRET=1 .venv/bin/python bench/gpu_attention.py --cpu-smoke   # logic check on a CPU, tiny sizes
+    TRITON_INTERPRET=1 .venv/bin/python bench/gpu_attention.py --quick   # no GPU: the CPU smoke run (below)
+
+Without a GPU, ``--quick`` (or ``--cpu-smoke``, which forces it) runs the whole script on the CPU with the
+kernels interpreted (``TRITON_INTERPRET=1``) at tiny shapes: every check, case and backend once, in about a
+minute; its times mean nothing, it proves the script works (a test runs it).
 
 Timing: CUDA events around each call, median of repetitions after two warm-up calls (compilation excluded).
 The jagged calls include their host syncs (offset checks, block schedule): a real cost of the jagged path.
@@ -32,6 +36,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -64,6 +69,7 @@ class Plan:
     check_lens: tuple[int, ...] = (0, 1, 17, 64, 129, 300, 5)
     check_head_dims: tuple[int, ...] = (64, 128)
     reps: int = 5  # minimum timed repetitions
+    warmups: int = 2  # untimed calls first (the first one compiles)
     budget_ms: float = 300.0  # keep repeating until this much time was measured (at most 50 repetitions)
     um_d_model: int = 512
     um_heads: int = 8
@@ -75,9 +81,9 @@ class Plan:
 GPU_PLAN = Plan()
 QUICK_PLAN = replace(GPU_PLAN, max_lens=(1024,), reps=3, budget_ms=100.0)
 CPU_SMOKE_PLAN = Plan(
-    device="cpu", max_lens=(64,), shapes=((2, 16),), tokens=400, candidates=8, check_lens=(0, 1, 17, 5),
-    check_head_dims=(32,), reps=1, budget_ms=0.0, um_d_model=32, um_heads=2, um_layers=1, um_max_len=64,
-    um_tokens=200,
+    device="cpu", max_lens=(32,), shapes=((2, 16),), tokens=96, candidates=4, check_lens=(0, 1, 9, 3),
+    check_head_dims=(16,), reps=1, warmups=0, budget_ms=0.0, um_d_model=32, um_heads=2, um_layers=1,
+    um_max_len=32, um_tokens=64,
 )  # fmt: skip
 
 
@@ -143,10 +149,10 @@ def padded(x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor
 
 
 def time_ms(fn, plan: Plan) -> float:
-    """Median time of fn in ms after two warm-up calls (the first one compiles)."""
+    """Median time of fn in ms after ``plan.warmups`` untimed calls (the first one compiles)."""
     cuda = plan.device == "cuda"
-    fn()
-    fn()
+    for _ in range(plan.warmups):
+        fn()
     if cuda:
         torch.cuda.synchronize()
     times: list[float] = []
@@ -395,7 +401,7 @@ def user_model_step(plan: Plan) -> list[dict]:
 
             if plan.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            ms = time_ms(step, replace(plan, reps=max(plan.reps, 3)))
+            ms = time_ms(step, plan if plan.device == "cpu" else replace(plan, reps=max(plan.reps, 3)))
             peak = torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else float("nan")
             first_loss = losses[0].item()
             print(f"  {backend:9s} {ms:9.2f} ms/step   peak {peak:6.2f} GiB   first loss {first_loss:.6f}")
@@ -417,12 +423,20 @@ def user_model_step(plan: Plan) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="max length 1k only, fewer repetitions")
+    parser.add_argument(
+        "--quick", action="store_true", help="GPU: max length 1k only; no GPU: the CPU smoke run"
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on a CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--skip-user-model", action="store_true")
     parser.add_argument("--json", type=Path, help="write all rows and the user-model step here")
     args = parser.parse_args()
-    plan = CPU_SMOKE_PLAN if args.cpu_smoke else QUICK_PLAN if args.quick else GPU_PLAN
+    if args.cpu_smoke or (args.quick and not torch.cuda.is_available()):
+        plan = CPU_SMOKE_PLAN
+    else:
+        plan = QUICK_PLAN if args.quick else GPU_PLAN
+    if plan.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        print("the CPU smoke run interprets the kernels: set TRITON_INTERPRET=1 (before Python starts)")
+        return 1
 
     if plan.device == "cuda" and not torch.cuda.is_available():
         print(
