@@ -13,8 +13,11 @@ Backward is FlashAttention-2 style: ``delta = rowsum(dO * O)``, one kernel for d
 looping over queries) and one for dQ (program per query block, looping over keys), which also accumulates the
 bias-table gradients.
 
-Works on torch 2.11 + Triton 3.6 and newer; only long-standing Triton APIs are used. On a CPU it runs under
-``TRITON_INTERPRET=1`` (set before Triton is imported), which is how the tests check it.
+Works on torch 2.11 + Triton 3.6 and newer; only long-standing Triton APIs are used (checked: torch 2.11.0 +
+Triton 3.6.0 and torch 2.13.0 + Triton 3.9.0 pass the interpreter-mode tests and compile for sm_90). On a CPU it
+runs under ``TRITON_INTERPRET=1`` (set before Triton is imported), which is how the tests check it. Triton 3.6's
+interpreter needs NumPy < 2.4: it turns loop bounds into ints with ``int()`` on one-element arrays, which NumPy
+2.4 refuses (Triton 3.9 squeezes them first); compiled GPU runs never take that path.
 """
 
 from __future__ import annotations
