@@ -405,8 +405,9 @@ def _align_ranker(ranker: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
 
 def leave_one_out_split(examples: pd.DataFrame) -> np.ndarray:
     """Split labels for positive-only logs: each user's last positive -> test, second-last -> valid,
-    everything strictly before the valid positive -> train; other rows (after it, or users with < 3
-    positives) -> "" (unused)."""
+    everything strictly before the valid positive -> train. The user's non-positive rows between the valid
+    and the test positive also go to valid: without them valid holds positives only, its NE is undefined and
+    early stopping keeps the untrained model. Other rows (users with < 3 positives) -> "" (unused)."""
     split = np.full(len(examples), "", dtype=object)
     pos = examples[examples["click"] > 0].sort_values(["user_id", "ts", "cut"], kind="stable")
     ranked = pos.groupby("user_id").cumcount(ascending=False)  # 0 = last positive
@@ -418,6 +419,10 @@ def leave_one_out_split(examples: pd.DataFrame) -> np.ndarray:
     bound = examples["user_id"].map(valid_ts)
     train = bound.notna() & (examples["ts"] < bound)
     split[train.to_numpy()] = "train"
+    test_ts = pos[(ranked == 0) & eligible].set_index("user_id")["ts"]
+    upper = examples["user_id"].map(test_ts)
+    between = bound.notna() & (examples["ts"] > bound) & (examples["ts"] < upper) & (examples["click"] <= 0)
+    split[between.to_numpy()] = "valid"
     return split.astype(str)
 
 

@@ -71,10 +71,12 @@ def test_rank_metrics_by_hand():
 def test_leave_one_out_split():
     ex = pd.DataFrame(
         {
-            "user_id": [1, 1, 1, 1, 1, 2, 2],
-            "ts": [1, 2, 3, 4, 5, 1, 2],
-            "cut": [0, 1, 2, 3, 4, 0, 1],
-            "click": [1, 0, 1, 1, 1, 1, 1],  # user 2 has < 3 positives: unused
+            "user_id": [1, 1, 1, 1, 1, 1, 2, 2],
+            "ts": [1, 2, 3, 4, 5, 6, 1, 2],
+            "cut": [0, 1, 2, 3, 4, 5, 0, 1],
+            "click": [1, 0, 1, 1, 0, 1, 1, 1],  # user 2 has < 3 positives: unused
         }
     )
-    assert leave_one_out_split(ex).tolist() == ["train", "train", "train", "valid", "test", "", ""]
+    # the negative between the valid (ts 4) and the test positive (ts 6) gives valid a negative to score
+    split = leave_one_out_split(ex).tolist()
+    assert split == ["train", "train", "train", "valid", "valid", "test", "", ""]
