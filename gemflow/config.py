@@ -48,6 +48,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if str(value).lower() in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"{where}: expected a boolean, got {value!r}")
+    if hint is str and value is None:  # an empty YAML value: "" rather than the string "None"
+        return ""
     if hint in (int, float, str):
         try:
             return hint(value)
@@ -87,7 +89,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     for key, value in items:
         if value is None:
             continue
-        _set_path(data, key, yaml.safe_load(value) if isinstance(value, str) else value)
+        if isinstance(value, str):  # "key=" means the empty string, not YAML's null
+            value = yaml.safe_load(value) if value.strip() else ""
+        _set_path(data, key, value)
     return _from_dict(cls, data)
 
 
