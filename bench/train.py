@@ -64,6 +64,7 @@ def run_config(
             "tracking.enabled": "false",
             "user_model.d_model": str(args.d_model),
             "user_model.num_heads": "4",
+            "user_model.num_layers": str(args.layers),
             "user_model.max_history": "256",
             "optim.log_every": "1000",
             "optim.epochs": "100",
@@ -85,6 +86,7 @@ def run_config(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2, help="user-model layers (dense work per token)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--tokens-per-step", type=int, default=8192)
     parser.add_argument("--users", type=int, default=400)
@@ -104,7 +106,7 @@ def main() -> None:
     bf16_wall, bf16_cpu = peaks[(torch.bfloat16, False)], peaks[(torch.bfloat16, True)]
     print(f"1-core GEMM peak, GFLOP/s per wall second | per CPU second: bf16 {bf16_wall * 1e3:.1f} | "
           f"{bf16_cpu * 1e3:.1f}, fp32 {peaks[(torch.float32, False)] * 1e3:.1f} | "
-          f"{peaks[(torch.float32, True)] * 1e3:.1f}\nd_model={args.d_model}, {args.steps} steps of "
+          f"{peaks[(torch.float32, True)] * 1e3:.1f}\nd_model={args.d_model}, {args.layers} layers, {args.steps} steps of "
           f"{args.tokens_per_step} tokens; workspace {root}", flush=True)  # fmt: skip
 
     results = {}
