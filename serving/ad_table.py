@@ -8,6 +8,7 @@ request never sees half a refresh). A failed refresh keeps the previous snapshot
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -141,9 +142,11 @@ class AdTable:
 
 # ------------------------------------------------------------------------------------------ Feast loader
 def feast_ad_loader(
-    store, ad_ids: Callable[[], np.ndarray], feature_service: str, chunk: int = 2000
+    store, ad_ids: Callable[[], np.ndarray], feature_service: str, chunk: int = 2000, guard=None
 ) -> Loader:
-    """A loader reading every ad of ``ad_ids()`` through the Feast SDK's online read of ``feature_service``."""
+    """A loader reading every ad of ``ad_ids()`` through the Feast SDK's online read of ``feature_service``
+    (each chunk under ``guard``, ``serving.user_features.store_guard``)."""
+    guard = guard if guard is not None else contextlib.nullcontext()
 
     def load() -> AdSnapshot:
         ids = np.unique(np.asarray(ad_ids(), np.int64))
@@ -152,9 +155,10 @@ def feast_ad_loader(
         newest = 0
         for start in range(0, len(ids), chunk):
             rows = [{"ad_id": int(i)} for i in ids[start : start + chunk]]
-            resp = store.get_online_features(features=service, entity_rows=rows).to_dict(
-                include_event_timestamps=True
-            )
+            with guard:
+                resp = store.get_online_features(features=service, entity_rows=rows).to_dict(
+                    include_event_timestamps=True
+                )
             for key, col in resp.items():
                 if key == "ad_id":
                     continue

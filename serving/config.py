@@ -28,8 +28,8 @@ class ScoringConfig:
     batch_size: int = 2048  # candidates scored per forward call (they share the user's K/V)
     torch_threads: int = 1  # intra-op threads per scoring worker (small matmuls: fork/join costs more)
     workers: int = 2  # requests scored at once, each on its own thread (about one per core)
-    feature_workers: int = 2  # threads for online-store reads
-    feature_waiting: int = 8  # reads that may wait for a busy worker; beyond that -> degraded at once
+    feature_workers: int = 4  # online-store read threads (a read holds one ~1 ms; a hung store, all)
+    feature_waiting: int = 0  # reads that may wait for a busy worker; beyond that -> degraded at once
 
 
 @dataclass

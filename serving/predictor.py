@@ -38,7 +38,7 @@ from serving.model_source import ServedModel, load_served_model
 from serving.schema import ParsedRequest, RequestError, parse_request, v2_to_body
 from serving.scorer import UserInputs, score_shared, user_tokens
 from serving.stats import ServingStats
-from serving.user_features import UserFeatureReader, UserFeatures
+from serving.user_features import UserFeatureReader, UserFeatures, store_guard
 
 log = logging.getLogger(__name__)
 USER_SERVICE = "ranker_serving"
@@ -91,10 +91,18 @@ class RankerPredictor(Model):
 
             self.store = open_store(self.ws, self.cfg.feature_store)
         lim, at = self.cfg.limits, self.cfg.ad_table
+        guard = store_guard(self.store)  # one per store: user reads and ad-table refreshes share it
         self.reader = UserFeatureReader(
-            self.store, USER_SERVICE, lim.feature_timeout_ms / 1e3, sc.feature_workers, sc.feature_waiting
+            self.store,
+            USER_SERVICE,
+            lim.feature_timeout_ms / 1e3,
+            sc.feature_workers,
+            sc.feature_waiting,
+            guard,
         )
-        loader = feast_ad_loader(self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk)
+        loader = feast_ad_loader(
+            self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
+        )
         self.ads = AdTable(loader, at.refresh_seconds)
         self.ads.start()
         self._warm_up()

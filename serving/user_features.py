@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -65,11 +66,36 @@ def parse_online_row(row: dict) -> UserFeatures:
     )
 
 
+class StoreReadError(RuntimeError):
+    """An online-store read failed (the message names the store's exception)."""
+
+
+def store_guard(store) -> contextlib.AbstractContextManager:
+    """What every thread reading ``store`` must hold: a lock for Feast's SQLite online store, nothing otherwise.
+
+    That store gives every thread ONE shared sqlite3 connection. While one read waits inside SQLite for a
+    locked file, another thread's parameter binding blocks on the connection's mutex WITH the GIL held, freezing
+    the whole process (the event loop included) for the busy timeout. Reads wait on this lock instead (GIL
+    released). Redis clients are thread-safe: no lock.
+    """
+    kind = getattr(getattr(getattr(store, "config", None), "online_store", None), "type", "")
+    return threading.Lock() if kind == "sqlite" else contextlib.nullcontext()
+
+
 class UserFeatureReader:
     """``await reader.read(user_id)`` -> (UserFeatures | None, degraded reason | None)."""
 
-    def __init__(self, store, feature_service: str, timeout_s: float, workers: int = 2, max_waiting: int = 8):
+    def __init__(
+        self,
+        store,
+        feature_service: str,
+        timeout_s: float,
+        workers: int = 4,
+        max_waiting: int = 0,
+        guard: contextlib.AbstractContextManager | None = None,
+    ):
         self.store = store
+        self.guard = guard if guard is not None else store_guard(store)
         self.feature_service = feature_service
         self.timeout_s = timeout_s
         self.workers = workers
@@ -82,10 +108,18 @@ class UserFeatureReader:
     def _read_sync(self, user_id: int) -> UserFeatures:
         if self._service is None:
             self._service = self.store.get_feature_service(self.feature_service)
-        row = self.store.get_online_features(
-            features=self._service, entity_rows=[{"user_id": user_id}]
-        ).to_dict()
-        return parse_online_row(row)
+        with self.guard:
+            try:
+                row = self.store.get_online_features(
+                    features=self._service, entity_rows=[{"user_id": user_id}]
+                ).to_dict()
+            except Exception as err:  # noqa: BLE001 (reported as a degraded answer by ``read``)
+                problem = f"{type(err).__name__}: {err}"
+            else:
+                return parse_online_row(row)
+        # Raised only here, with the store's exception gone: its traceback holds the store's frames (an sqlite3
+        # cursor), which would otherwise be freed later on the event loop, blocking it on the connection.
+        raise StoreReadError(problem)
 
     def _release(self, _fut) -> None:  # runs when the read finishes or is cancelled before it started
         with self._lock:
@@ -107,6 +141,8 @@ class UserFeatureReader:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout_s), None
         except TimeoutError:
             return None, "feature_store_timeout"
+        except StoreReadError as err:
+            return None, f"feature_store_error: {err}"[:200]
         except Exception as err:  # noqa: BLE001 (a store failure degrades the answer, never fails it)
             return None, f"feature_store_error: {type(err).__name__}: {err}"[:200]
 
