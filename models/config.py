@@ -73,6 +73,11 @@ class OptimConfig:
     seed: int = 0
     max_train_examples: int = 0  # 0 = all; >0 = a deterministic subsample (quick runs)
     log_every: int = 10  # steps between per-step loss logs
+    # Dense-lr schedule (default off = constant lr): linear warm-up over the first warmup_steps optimizer
+    # steps, then lr_decay "cosine" | "linear" down to min_lr_ratio x lr at the last planned step.
+    warmup_steps: int = 0
+    lr_decay: str = "none"  # "none" | "cosine" | "linear"
+    min_lr_ratio: float = 0.0
 
 
 @dataclass
@@ -121,3 +126,7 @@ def validate(cfg: TrainRunConfig) -> None:
             )
     if cfg.optim.epochs < 1 or cfg.optim.batch_size < 1:
         raise ValueError("optim.epochs and optim.batch_size must be >= 1")
+    if cfg.optim.lr_decay not in ("none", "cosine", "linear"):
+        raise ValueError(f"optim.lr_decay must be 'none', 'cosine' or 'linear', got {cfg.optim.lr_decay!r}")
+    if cfg.optim.warmup_steps < 0 or not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise ValueError("optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1]")

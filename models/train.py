@@ -189,6 +189,21 @@ def make_optimizers(model: nn.Module, cfg) -> tuple[list[nn.Parameter], torch.op
     return sparse, torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def scheduled_lr(base_lr: float, step: int, total_steps: int, oc) -> float:
+    """The dense lr for optimizer step ``step`` (0-based) of ``total_steps``: linear warm-up, then decay.
+
+    Stateless (a function of the step counter the checkpoint keeps), so a resumed run continues the schedule.
+    """
+    if oc.warmup_steps and step < oc.warmup_steps:
+        return base_lr * (step + 1) / oc.warmup_steps
+    if oc.lr_decay == "none":
+        return base_lr
+    span = max(1, total_steps - oc.warmup_steps)
+    progress = min(1.0, (step - oc.warmup_steps) / span)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if oc.lr_decay == "cosine" else 1 - progress
+    return base_lr * (oc.min_lr_ratio + (1 - oc.min_lr_ratio) * shape)
+
+
 def sparse_optimizer_state(sparse: list[nn.Parameter]) -> list[dict]:
     return [p._in_backward_optimizers[0].state_dict() for p in sparse]
 
@@ -271,6 +286,7 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
         save_bundle(run_dir / "model.pt", s.bundle)
         state["best_ne"] = initial["valid_ne"]
 
+    total_steps = oc.epochs * math.ceil(len(s.train_rows) / oc.batch_size)  # the schedule's horizon
     try:
         while state["epoch"] < oc.epochs and state["bad_epochs"] < oc.patience:
             epoch = state["epoch"] + 1
@@ -293,6 +309,8 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
                     nn.utils.clip_grad_norm_(
                         [p for g in dense_opt.param_groups for p in g["params"]], oc.grad_clip
                     )
+                for group in dense_opt.param_groups:
+                    group["lr"] = scheduled_lr(oc.lr, state["step"], total_steps, oc)
                 dense_opt.step()
                 state["step"] += 1
                 losses.append(loss.item())
