@@ -92,6 +92,10 @@ class ScalingConfig:
     # Valid examples kept (a fixed random subsample; 0 = all): the valid split only picks a point's best
     # epoch, the test split (every reported NE) is never subsampled. See ``models.scaling.valid_split``.
     valid_examples: int = 0
+    # Per-size optimizer setting: a user model wider than this gets the dense lr base.optim.lr x
+    # lr_base_width / width (muP-style, the lr tuned at this width); 0 = every point keeps base.optim.lr.
+    # Warm-up and decay (base.optim.warmup_steps, lr_decay) apply to every point alike.
+    lr_base_width: int = 0
 
 
 def parse_actions(spec: str) -> tuple[str, ...]:
@@ -135,7 +139,9 @@ def validate(cfg: ScalingConfig) -> None:
         raise ValueError(f"ranker widths {bad} are not divisible by base.ranker.num_heads={rheads}")
     for spec in (*cfg.axes.diversity, cfg.composition.homogeneous):
         parse_actions(spec)
-    if cfg.threads_per_run < 1 or cfg.workers < 0 or cfg.flop_batch < 1 or cfg.valid_examples < 0:
+    if (cfg.threads_per_run < 1 or cfg.workers < 0 or cfg.flop_batch < 1 or cfg.valid_examples < 0
+            or cfg.lr_base_width < 0):  # fmt: skip
         raise ValueError(
-            "threads_per_run >= 1, workers >= 0, flop_batch >= 1 and valid_examples >= 0 are required"
+            "threads_per_run >= 1, workers >= 0, flop_batch >= 1, valid_examples >= 0 and lr_base_width >= 0"
+            " are required"
         )

@@ -9,6 +9,7 @@ go) and the training set's fingerprint: change anything that matters and the poi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ class SweepPoint:
     actions: str = ALL_ACTIONS  # history action types kept (composition / diversity)
     user_point: SweepPoint | None = None  # ranker: the user-model point whose cached tokens it reads
     groups: set[str] = field(default_factory=set)  # "axis:width", "synergy:balanced-1", ...
+    lr: float = 0.0  # dense lr of this point (the width rule, ``ScalingConfig.lr_base_width``); 0 = base's
 
     @property
     def name(self) -> str:
@@ -44,10 +46,11 @@ class SweepPoint:
 
     def overrides(self) -> dict[str, object]:
         s = self.shape
+        lr = {"optim.lr": self.lr} if self.lr > 0 else {}
         if self.model == "user":
-            return {"model": "user", "user_model.num_layers": s.depth, "user_model.d_model": s.width,
+            return {**lr, "model": "user", "user_model.num_layers": s.depth, "user_model.d_model": s.width,
                     "user_model.max_history": s.seq_len}  # fmt: skip
-        return {"model": "ranker", "ranker.num_layers": s.depth, "ranker.d_model": s.width,
+        return {**lr, "model": "ranker", "ranker.num_layers": s.depth, "ranker.d_model": s.width,
                 "ranker.recent_events": s.seq_len, "ranker.use_user_tokens": True}  # fmt: skip
 
 
@@ -87,9 +90,21 @@ class Grid:
         self.points: dict[str, SweepPoint] = {}
 
     def key(self, point: SweepPoint) -> str:
-        return point_key(self.cfg.base, point, self.fingerprint)
+        return point_key(self.cfg.base, self.tuned(point), self.fingerprint)
+
+    def tuned(self, point: SweepPoint) -> SweepPoint:
+        """The point with its dense lr from the width rule: a user model wider than ``lr_base_width`` gets
+        ``base lr x lr_base_width / width`` (muP-style: Adam's per-weight update must shrink as fan-in grows
+        for a wider model to train as stably as the base width, where the lr was tuned). Narrower models
+        keep the base lr. Rankers keep the base lr."""
+        base_width = self.cfg.lr_base_width
+        if point.model != "user" or base_width <= 0 or point.shape.width <= base_width or point.lr > 0:
+            return point
+        lr = self.cfg.base.optim.lr * base_width / point.shape.width
+        return dataclasses.replace(point, lr=lr, groups=set(point.groups))
 
     def add(self, point: SweepPoint, group: str) -> SweepPoint:
+        point = self.tuned(point)
         key = self.key(point)
         kept = self.points.setdefault(key, point)
         kept.groups.add(group)
