@@ -3,6 +3,8 @@
 Backends share the reference signature (``models.attention.reference``):
 - ``reference``: pad + mask, plain PyTorch (tests, tiny batches);
 - ``jagged``: the CPU fast path that does not pay for padding (``models.attention.jagged``);
+- ``padded_sdpa``: pad + one additive mask + ``scaled_dot_product_attention``, the baseline a GPU user would
+  write (``models.attention.padded_sdpa``); it pays for padding, the Triton kernels are measured against it;
 - ``triton``: GPU kernels (``models.attention.triton``), imported only when chosen, so a machine without
   Triton never imports it.
 ``auto`` picks ``triton`` for CUDA tensors when Triton is importable, else ``jagged``.
@@ -17,10 +19,11 @@ from typing import Literal
 
 import torch
 
-Backend = Literal["auto", "reference", "jagged", "triton"]
+Backend = Literal["auto", "reference", "jagged", "padded_sdpa", "triton"]
 _MODULES = {
     "reference": "models.attention.reference",
     "jagged": "models.attention.jagged",
+    "padded_sdpa": "models.attention.padded_sdpa",
     "triton": "models.attention.triton",
 }
 

@@ -48,6 +48,7 @@ def test_quick_cpu_smoke_run_reports_every_case_and_backend(tmp_path):
         assert row["triton_ms"] > 0 and row["sdpa_ms"] > 0, row
         assert row["max_len"] in CPU_SMOKE_PLAN.max_lens and 0 < row["fill"] <= 0.30, row
     steps = {r["backend"]: r for r in result["user_model"]}
-    assert set(steps) == {"triton", "jagged", "reference"}, result["user_model"]
-    losses = [steps[b]["first_loss"] for b in ("triton", "jagged", "reference")]
+    backends = ("triton", "padded_sdpa", "jagged", "reference")
+    assert set(steps) == set(backends), result["user_model"]
+    losses = [steps[b]["first_loss"] for b in backends]
     assert max(losses) - min(losses) <= 1e-2 * abs(losses[-1]), losses  # same step, bf16 autocast
