@@ -8,7 +8,12 @@ data lives (default ``$GEMFLOW_HOME`` or ``./workspace``). Every run writes the 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+
+# Before any stage imports torch: large CPU tensors on transparent huge pages (page faults on fresh attention
+# masks and activations cost as much as the attention itself in the embedding refresh; bench/refresh.py).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import typer
 
