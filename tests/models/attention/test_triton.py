@@ -355,80 +355,19 @@ else:
 
     LENGTHS = st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, 40)), min_size=1, max_size=4)
 
+    def edge_examples(test):
+        """Empty and length-1 sequences in every mode and dtype, always tried before the random batches."""
+        for lengths in ([0, 1], [1]):
+            for dtype in (torch.float32, torch.bfloat16):
+                for causal in (False, True):
+                    test = example(
+                        lengths=lengths, heads=2, head_dim=16, dtype=dtype, causal=causal,
+                        max_rel=3, time_buckets=5, seed=1,
+                    )(test)  # fmt: skip
+        return test
+
     @PROPERTY_SETTINGS
-    @example(
-        lengths=[0, 1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.float32,
-        causal=False,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
-    @example(
-        lengths=[0, 1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.float32,
-        causal=True,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
-    @example(
-        lengths=[0, 1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.bfloat16,
-        causal=False,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
-    @example(
-        lengths=[0, 1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.bfloat16,
-        causal=True,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
-    @example(
-        lengths=[1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.float32,
-        causal=False,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
-    @example(
-        lengths=[1], heads=2, head_dim=16, dtype=torch.float32, causal=True, max_rel=3, time_buckets=5, seed=1
-    )
-    @example(
-        lengths=[1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.bfloat16,
-        causal=False,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
-    @example(
-        lengths=[1],
-        heads=2,
-        head_dim=16,
-        dtype=torch.bfloat16,
-        causal=True,
-        max_rel=3,
-        time_buckets=5,
-        seed=1,
-    )
+    @edge_examples
     @given(
         lengths=LENGTHS,
         heads=st.integers(1, 2),
