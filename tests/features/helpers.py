@@ -111,3 +111,21 @@ def expected_recent(events: pd.DataFrame, user: int, n: int = 64) -> list[int]:
 def expected_impressions(events: pd.DataFrame, ad: int) -> tuple[int, int]:
     imp = events[(events.ad_id == ad) & (events.action == "impression")]
     return len(imp), int(imp.click.sum())
+
+
+def assert_online_values(store, frames_by_day: dict) -> None:
+    """Users 1 and 3 read back their recent ads (every day's events) and profile; ad 11 its last day's stats."""
+    all_events = pd.concat([f["events"] for f in frames_by_day.values()], ignore_index=True)
+    users = store.get_online_features(
+        features=["user_recent_events:recent_ad_ids", "user_profile:user_country"],
+        entity_rows=[{"user_id": 1}, {"user_id": 3}],
+    ).to_dict()
+    assert users["recent_ad_ids"] == [expected_recent(all_events, 1), expected_recent(all_events, 3)]
+    assert users["user_country"] == [3, 3]
+    ads = store.get_online_features(
+        features=["ad_stats:impressions_1d", "ad_stats:clicks_1d"], entity_rows=[{"ad_id": 11}]
+    ).to_dict()
+    last_day = max(frames_by_day)
+    assert (ads["impressions_1d"][0], ads["clicks_1d"][0]) == expected_impressions(
+        frames_by_day[last_day]["events"], 11
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pandas as pd
 import pytest
 import redis
 import yaml
@@ -18,9 +17,8 @@ from features.store import open_store
 from tests.features.helpers import (
     DAY0,
     ads_frame,
+    assert_online_values,
     events_frame,
-    expected_impressions,
-    expected_recent,
     publish_without_gate,
     users_frame,
 )
@@ -129,17 +127,5 @@ def test_stage_writes_land_in_the_mounted_store_and_the_feature_server_view_read
     # A store built from the mounted file alone, like `feast serve` in the feature-server pod.
     server_view = FeatureStore(repo_path=str(mount), fs_yaml_file=mount / "feature_store.yaml")
     assert {v.name for v in server_view.list_feature_views()} >= {"user_recent_events", "ad_stats"}
-    all_events = pd.concat([f["events"] for f in frames.values()], ignore_index=True)
     for store in (stage_store, server_view):
-        users = store.get_online_features(
-            features=["user_recent_events:recent_ad_ids", "user_profile:user_country"],
-            entity_rows=[{"user_id": 1}, {"user_id": 3}],
-        ).to_dict()
-        assert users["recent_ad_ids"] == [expected_recent(all_events, 1), expected_recent(all_events, 3)]
-        assert users["user_country"] == [3, 3]
-        ads = store.get_online_features(
-            features=["ad_stats:impressions_1d", "ad_stats:clicks_1d"], entity_rows=[{"ad_id": 11}]
-        ).to_dict()
-        assert (ads["impressions_1d"][0], ads["clicks_1d"][0]) == expected_impressions(
-            frames[DAYS[1]]["events"], 11
-        )
+        assert_online_values(store, frames)

@@ -17,9 +17,8 @@ from features.store import open_store
 from tests.features.helpers import (
     DAY0,
     ads_frame,
+    assert_online_values,
     events_frame,
-    expected_impressions,
-    expected_recent,
     publish_without_gate,
     users_frame,
 )
@@ -84,21 +83,7 @@ def test_apply_materialize_push_and_online_reads_on_redis(workspace, redis_url):
     publish_without_gate(workspace, frames, cfg)
     store = open_store(workspace, cfg.feature_store)
     assert store.config.online_store.type == "redis"
-    all_events = pd.concat([f["events"] for f in frames.values()], ignore_index=True)
-
-    users = store.get_online_features(
-        features=["user_recent_events:recent_ad_ids", "user_profile:user_country"],
-        entity_rows=[{"user_id": 1}, {"user_id": 3}],
-    ).to_dict()
-    assert users["recent_ad_ids"] == [expected_recent(all_events, 1), expected_recent(all_events, 3)]
-    assert users["user_country"] == [3, 3]
-
-    ads = store.get_online_features(
-        features=["ad_stats:impressions_1d", "ad_stats:clicks_1d"], entity_rows=[{"ad_id": 11}]
-    ).to_dict()
-    assert (ads["impressions_1d"][0], ads["clicks_1d"][0]) == expected_impressions(
-        frames[DAYS[1]]["events"], 11
-    )
+    assert_online_values(store, frames)
 
     # A fresh event pushed online replaces the batch value (the streaming path).
     before = store.get_online_features(
