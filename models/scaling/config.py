@@ -22,7 +22,7 @@ ALL_ACTIONS = "all"
 @dataclass
 class AxesConfig:
     depth: list[int] = field(default_factory=lambda: [1, 2, 4])  # user_model.num_layers
-    width: list[int] = field(default_factory=lambda: [8, 16, 32, 64])  # user_model.d_model
+    width: list[int] = field(default_factory=lambda: [16, 32, 64, 128])  # user_model.d_model
     seq_len: list[int] = field(default_factory=lambda: [4, 16, 64])  # user_model.max_history
     # History action types kept, each "all" or types joined by "+", e.g. "impression+click+conversion".
     diversity: list[str] = field(default_factory=lambda: ["impression", "impression+click+conversion", "all"])
@@ -96,6 +96,10 @@ class ScalingConfig:
     # lr_base_width / width (muP-style, the lr tuned at this width); 0 = every point keeps base.optim.lr.
     # Warm-up and decay (base.optim.warmup_steps, lr_decay) apply to every point alike.
     lr_base_width: int = 0
+    # Smallest attention head (d_model / num_heads) a grid may hold. Below it a head's query-key product has
+    # too few dimensions to tell tokens apart: such a model is a different regime, not a smaller one, and
+    # as the grid's cheapest point it always sits on the compute-optimal frontier (docs/scaling.md).
+    min_head_dim: int = 4
 
 
 def parse_actions(spec: str) -> tuple[str, ...]:
@@ -131,6 +135,12 @@ def validate(cfg: ScalingConfig) -> None:
     bad = sorted({w for w in widths if w % heads})
     if bad:
         raise ValueError(f"widths {bad} are not divisible by base.user_model.num_heads={heads}")
+    small = sorted({w for w in widths if w // heads < cfg.min_head_dim})
+    if small:
+        raise ValueError(
+            f"widths {small} give attention heads under min_head_dim={cfg.min_head_dim} dimensions with"
+            f" base.user_model.num_heads={heads}; widen them, use fewer heads or lower min_head_dim"
+        )
     rheads = cfg.base.ranker.num_heads
     bad = sorted(
         {s.width for s in (cfg.tunability.ranker_small, cfg.tunability.ranker_large) if s.width % rheads}
@@ -140,8 +150,8 @@ def validate(cfg: ScalingConfig) -> None:
     for spec in (*cfg.axes.diversity, cfg.composition.homogeneous):
         parse_actions(spec)
     if (cfg.threads_per_run < 1 or cfg.workers < 0 or cfg.flop_batch < 1 or cfg.valid_examples < 0
-            or cfg.lr_base_width < 0):  # fmt: skip
+            or cfg.lr_base_width < 0 or cfg.min_head_dim < 1):  # fmt: skip
         raise ValueError(
-            "threads_per_run >= 1, workers >= 0, flop_batch >= 1, valid_examples >= 0 and lr_base_width >= 0"
-            " are required"
+            "threads_per_run >= 1, workers >= 0, flop_batch >= 1, valid_examples >= 0, lr_base_width >= 0"
+            " and min_head_dim >= 1 are required"
         )

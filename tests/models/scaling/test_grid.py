@@ -1,6 +1,8 @@
-"""Per-size optimizer settings of a sweep: the width lr rule and the keys it changes."""
+"""Sweep grids: the width lr rule, the keys it changes, and the head-size floor."""
 
-from models.scaling.config import ScalingConfig, Shape
+import pytest
+
+from models.scaling.config import ScalingConfig, Shape, validate
 from models.scaling.grid import Grid, SweepPoint, train_config
 
 
@@ -27,3 +29,13 @@ def test_the_rule_changes_only_the_keys_of_points_it_retunes():
     assert off.key(base) == on.key(base)
     assert off.key(wide) != on.key(wide)
     assert on.key(wide) == on.key(on.add(wide, "axis:width"))  # planned and stored points agree
+
+
+def test_a_grid_with_degenerate_attention_heads_is_refused_by_name():
+    cfg = ScalingConfig()
+    cfg.base.user_model.num_heads = 2
+    cfg.axes.width = [4, 8, 32]
+    with pytest.raises(ValueError, match=r"widths \[4\] give attention heads under min_head_dim=4"):
+        validate(cfg)
+    cfg.min_head_dim = 2  # a user may study tiny heads on purpose
+    validate(cfg)
