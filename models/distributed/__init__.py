@@ -3,6 +3,7 @@
     launch.py      the launcher: writes the run config, starts N ranks (torchrun or the deepspeed CLI)
     trainer.py     one rank: data -> token-budget batches -> sparse (torchrec DMP) -> dense (DeepSpeed engine)
     model.py       the split of the user model: sharded embeddings outside the engine, the dense tower inside
+    sparse.py      the embedding lookups: large tables sharded (torchrec DMP), small ones replicated on every rank
     ds_config.py   the DeepSpeed config generated from our dataclass config (ZeRO, bf16, clipping, AdamW)
     moe.py         expert-parallel MoE feed-forward blocks (deepspeed.moe.layer.MoE), swapped in per layer
     fp8.py         torchao float8 training on attention / FFN linears, with a shape guard

@@ -60,6 +60,9 @@ class DistributedConfig:
     # half the bytes, nothing lost), fp32 on CPU (measured: converting costs more CPU than the loopback copy
     # of the extra bytes); "fp32" | "bf16" force one
     sparse_comm: str = "auto"
+    # tables of at most this many rows (ids + the OOV row) are replicated on every rank instead of sharded: their
+    # lookups stay local, one all-reduce of their gradients per step (see models.distributed.sparse); 0 = shard all
+    replicate_max_rows: int = 1024
     reduce_bucket_mb: int = 64  # ZeRO-1/2 gradient reduce-scatter / all-gather buckets, MB of elements x 4
     tokens_per_step: int = 4096  # global token budget of one optimizer step (sum of history lengths + 1 each)
     max_steps: int = 0  # 0 = optim.epochs passes over the train split
@@ -112,6 +115,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
             )
         if moe.ep_size < 1 or cfg.nproc % moe.ep_size:
             raise ValueError(f"distributed.moe.ep_size={moe.ep_size} must divide nproc={cfg.nproc}")
+    if cfg.replicate_max_rows < 0:
+        raise ValueError(f"distributed.replicate_max_rows must be >= 0, got {cfg.replicate_max_rows}")
     if cfg.reduce_bucket_mb < 1:
         raise ValueError(f"distributed.reduce_bucket_mb must be >= 1, got {cfg.reduce_bucket_mb}")
     if cfg.checkpoint.every_steps < 0 or cfg.checkpoint.keep < 1:

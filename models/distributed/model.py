@@ -37,14 +37,24 @@ class ShardableSparse(SparseArch):
     """The user model's ``SparseArch`` plus the next-event features, with a forward that works once sharded
     (it never reads a table directly; the device comes from the ids)."""
 
-    def __init__(self, source: SparseArch, dim: int):
+    def __init__(self, source: SparseArch, dim: int, tables: set[str] | None = None):
+        """``tables``: the subset of ``source``'s tables (and the features reading them) this module holds;
+        None = all of them."""
         features = {**source.features, NEXT_NEGATIVE: "ad_id"}
+        if tables is not None:
+            features = {f: t for f, t in features.items() if t in tables}
         super().__init__(features, source.sizes, dim)
-        self.ec.load_state_dict(source.ec.state_dict())  # same tables, same names: the same start
+        mine = {f"embeddings.t_{t}.weight" for t in self.sizes}
+        # same tables, same names: the same start
+        self.ec.load_state_dict({k: v for k, v in source.ec.state_dict().items() if k in mine})
 
     def forward(
         self, ids: dict[str, tuple[torch.Tensor, torch.Tensor]], batch_size: int
     ) -> dict[str, torch.Tensor]:
+        """Looks up the features of ``ids`` this module holds (others are left to the other part)."""
+        ids = {k: v for k, v in ids.items() if k in self.features}
+        if not ids:
+            return {}
         device = next(iter(ids.values()))[0].device
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         no_lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)

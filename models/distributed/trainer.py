@@ -2,8 +2,8 @@
 
     python -m models.distributed.trainer --config <run>/config.yaml --workspace <ws>
 
-Per step: this rank's token-budget share of the global batch -> ids -> sharded embeddings (torchrec DMP,
-fused row-wise Adagrad inside backward) -> DeepSpeed engine over the dense tower (ZeRO, bf16, MoE experts
+Per step: this rank's token-budget share of the global batch -> ids -> embeddings (large tables sharded by
+torchrec DMP with fused row-wise Adagrad inside backward, small ones replicated: ``sparse.py``) -> DeepSpeed engine over the dense tower (ZeRO, bf16, MoE experts
 across ranks, FP8 Linears) -> loss (+ MoE load-balancing loss) -> ``engine.backward`` -> ``engine.step``.
 Every collective (sharded lookups, MoE all-to-all, the gradient reduction) needs all ranks, so every rank
 runs the same number of steps and evaluation batches.
@@ -22,12 +22,14 @@ import math
 import os
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from gemflow.config import load_config
@@ -41,11 +43,16 @@ from models.distributed.fp8 import convert_to_float8
 from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
+from models.distributed.sparse import SparseLookup
 from models.metrics import binary_metrics
 
 log = logging.getLogger("gemflow.distributed")
 # Fault injection for the crash-during-checkpoint test: this rank exits hard halfway through writing step N.
 CRASH_IN_CHECKPOINT = "GEMFLOW_TEST_CRASH_IN_CHECKPOINT"  # "<rank>:<step>"
+# Profiling: torch.profiler over steps [PROFILE_FIRST_STEP, +PROFILE_STEPS) -> <dir>/rank-<r>.txt (op table) and
+# a Chrome trace; where a step's time goes (embedding all-to-all, dense fwd/bwd, ZeRO reduce, optimizer)
+PROFILE_DIR = "GEMFLOW_PROFILE_DIR"
+PROFILE_FIRST_STEP, PROFILE_STEPS = 4, 4
 
 
 @dataclass
@@ -58,6 +65,28 @@ class RunState:
     left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
 
 
+class PhaseClock:
+    """Wall and CPU seconds of the named phases of one step (perf.json's breakdown), each also a profiler span."""
+
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.wall, self.cpu = {}, {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        wall, cpu = time.perf_counter(), time.process_time()
+        with record_function(f"gemflow.{name}"):
+            yield
+        self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - wall
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - cpu
+
+    def as_dict(self) -> dict[str, float]:
+        return {f"wall_{k}": v for k, v in self.wall.items()} | {f"cpu_{k}": v for k, v in self.cpu.items()}
+
+
 @dataclass
 class Parts:
     cfg: TrainRunConfig
@@ -65,11 +94,12 @@ class Parts:
     world: int
     device: torch.device
     dtype: torch.dtype
-    dmp: torch.nn.Module
+    sparse: SparseLookup  # sharded (DMP) + replicated embedding tables
     engine: object
     tower: DenseTower
     setup: object  # models.train.Setup
     fp8_modules: list[str]
+    clock: PhaseClock = field(default_factory=PhaseClock)
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -77,78 +107,6 @@ def _backend(requested: str) -> str:
     if requested != "auto":
         return requested
     return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def shard_sparse(
-    sparse: ShardableSparse, sharding: str, world: int, device: torch.device, lr: float, comm: str = "fp32"
-):
-    """Fused row-wise Adagrad in backward, then a DMP plan with every table ``sharding`` (table/row-wise);
-    the lookups' all-to-all (and their gradients') in ``comm`` precision."""
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.optim import RowWiseAdagrad
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
-    full = {k: v.detach().clone() for k, v in sparse.state_dict().items()}
-    apply_optimizer_in_backward(RowWiseAdagrad, list(sparse.ec.parameters()), {"lr": lr})
-    constraints = {f"t_{table}": ParameterConstraints(sharding_types=[sharding]) for table in sparse.sizes}
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world, compute_device=device.type), constraints=constraints, debug=False
-    )
-    codecs = None
-    if comm == "bf16" and world > 1:
-        from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
-
-        codecs = get_qcomm_codecs_registry(QCommsConfig(CommType.BF16, CommType.BF16))
-    sharder = EmbeddingCollectionSharder(qcomm_codecs_registry=codecs)
-    plan = planner.collective_plan(sparse, [sharder], dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(module=sparse, device=device, plan=plan, sharders=[sharder])
-    load_full_tables(dmp, full)
-    return dmp
-
-
-def load_full_tables(dmp, full: dict[str, torch.Tensor]) -> None:
-    """Copy full (unsharded) tables into this rank's shards: every world size starts from the same weights."""
-    for key, value in dmp.state_dict().items():
-        source = full[_table_key(key)]
-        if hasattr(value, "local_shards"):
-            for shard in value.local_shards():
-                idx = tuple(
-                    slice(o, o + s)
-                    for o, s in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes, strict=True)
-                )
-                shard.tensor.detach().copy_(source[idx])
-        else:
-            value.detach().copy_(source)
-
-
-def gather_full_tables(dmp, rank: int) -> dict[str, torch.Tensor]:
-    """Full tables on rank 0 (empty dict elsewhere), from every rank's shards; collective."""
-    mine = []
-    for key, value in dmp.state_dict().items():
-        if hasattr(value, "local_shards"):
-            for shard in value.local_shards():
-                md = shard.metadata
-                mine.append((key, tuple(value.size()), md.shard_offsets, shard.tensor.detach().cpu().float()))
-        elif rank == 0:
-            mine.append((key, tuple(value.shape), [0] * value.dim(), value.detach().cpu().float()))
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    if rank != 0:
-        return {}
-    out: dict[str, torch.Tensor] = {}
-    for part in everyone:
-        for key, size, offsets, tensor in part:
-            full = out.setdefault(_table_key(key), torch.zeros(size))
-            idx = tuple(slice(o, o + s) for o, s in zip(offsets, tensor.shape, strict=True))
-            full[idx] = tensor
-    return out
-
-
-def _table_key(key: str) -> str:
-    """DMP state-dict key -> the unsharded module's key (DMP may prefix ``module.``)."""
-    return key.removeprefix("module.")
 
 
 def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
@@ -184,7 +142,8 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     comm = dc.sparse_comm
     if comm == "auto":
         comm = "bf16" if device.type == "cuda" and dc.precision == "bf16" else "fp32"
-    dmp = shard_sparse(sparse, dc.sharding, world, device, cfg.optim.sparse_lr, comm)
+    lookup = SparseLookup(sparse, cfg.user_model.d_model, sharding=dc.sharding, world=world, device=device,
+                          replicate_max_rows=dc.replicate_max_rows, lr=cfg.optim.sparse_lr, comm=comm)  # fmt: skip
     tower.to(device)
 
     groups = split_params_into_different_moe_groups_for_optimizer(
@@ -193,7 +152,7 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     engine, *_ = deepspeed.initialize(
         model=tower, model_parameters=groups, config=deepspeed_config(cfg, world)
     )
-    return Parts(cfg, rank, world, device, dtype, dmp, engine, tower, setup, fp8_modules)
+    return Parts(cfg, rank, world, device, dtype, lookup, engine, tower, setup, fp8_modules)
 
 
 # ----------------------------------------------------------------------------------------------- steps
@@ -210,12 +169,16 @@ def forward_loss(p: Parts, rows: np.ndarray, global_examples: int):
     """
     from models.train import loss_fn
 
-    batch = p.setup.builder(rows).to(p.device)
-    ids, negatives = sparse_ids(p.tower.model, batch)
-    emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
-    logits, aux = p.engine(emb, cast_batch(batch, p.dtype), negatives)
-    share = len(rows) * p.world / global_examples
-    loss = share * loss_fn(logits.float(), batch.labels, aux.float(), p.cfg)
+    clock = p.clock
+    with clock("batch"):
+        batch = p.setup.builder(rows).to(p.device)
+        ids, negatives = sparse_ids(p.tower.model, batch)
+    with clock("sparse_forward"):
+        emb = to_engine(p.sparse(ids, batch.history.batch_size), p.world, p.dtype)
+    with clock("dense_forward"):
+        logits, aux = p.engine(emb, cast_batch(batch, p.dtype), negatives)
+        share = len(rows) * p.world / global_examples
+        loss = share * loss_fn(logits.float(), batch.labels, aux.float(), p.cfg)
     moe_aux = moe_aux_loss(p.tower)
     if moe_aux is not None:
         loss = loss + p.cfg.distributed.moe.aux_loss_weight * moe_aux
@@ -230,7 +193,7 @@ def engine_logits(p: Parts, rows: np.ndarray) -> torch.Tensor:
     """(N, 2) fp32 logits of the engine (in its current mode) on ``rows``; collective (sharded lookups, MoE)."""
     batch = p.setup.builder(rows).to(p.device)
     ids, _ = sparse_ids(p.tower.model, batch)
-    emb = to_engine(p.dmp(ids, batch.history.batch_size), p.world, p.dtype)
+    emb = to_engine(p.sparse(ids, batch.history.batch_size), p.world, p.dtype)
     logits, _ = p.engine(emb, cast_batch(batch, p.dtype))
     return logits.float().cpu()
 
@@ -265,8 +228,12 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
     def write(folder: Path) -> None:
         p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
         _maybe_crash(p.rank, state.step)
-        dcp.save({"model": p.dmp.state_dict(), "optim": p.dmp.fused_optimizer.state_dict()},
-                 checkpoint_id=str(folder / "sparse"))  # fmt: skip
+        dmp = p.sparse.dmp
+        if dmp is not None:
+            dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()},
+                     checkpoint_id=str(folder / "sparse"))  # fmt: skip
+        if p.rank == 0:  # the same on every rank
+            torch.save(p.sparse.replicated_state(), folder / "replicated.pt")
         (folder / "rng").mkdir(exist_ok=True)
         torch.save(_rng_state(), folder / "rng" / f"rank-{p.rank}.pt")
         if p.rank == 0:
@@ -279,10 +246,13 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
     import torch.distributed.checkpoint as dcp
 
     p.engine.load_checkpoint(str(path / "dense"), tag="engine")
-    sd = {"model": p.dmp.state_dict(), "optim": p.dmp.fused_optimizer.state_dict()}
-    dcp.load(sd, checkpoint_id=str(path / "sparse"))
-    p.dmp.load_state_dict(sd["model"])
-    p.dmp.fused_optimizer.load_state_dict(sd["optim"])
+    dmp = p.sparse.dmp
+    if dmp is not None:
+        sd = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
+        dcp.load(sd, checkpoint_id=str(path / "sparse"))
+        dmp.load_state_dict(sd["model"])
+        dmp.fused_optimizer.load_state_dict(sd["optim"])
+    p.sparse.load_replicated_state(torch.load(path / "replicated.pt", weights_only=False))
     rng = path / "rng" / f"rank-{p.rank}.pt"
     if rng.exists():  # the same world size: restore exactly (steps re-seed anyway)
         _set_rng_state(torch.load(rng, weights_only=False))
@@ -378,20 +348,29 @@ def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> 
             tracker.log_metrics(state.history[0], step=0)
     p.engine.train()
     bar = tqdm(range(state.step, len(plan)), desc=f"train rank {p.rank}", disable=not rank0, leave=False)
+    profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank)
     for i in bar:
+        profiler.at_step(i)
         epoch, step = plan[i]
         torch.manual_seed(step_seed(oc.seed, i, p.world, p.rank))
         start, cpu_start = time.perf_counter(), time.process_time()
+        p.clock.reset()
         loss, parts = forward_loss(p, step.rows[p.rank], sum(len(r) for r in step.rows))
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"rank {p.rank}: loss became {loss.item()} at step {i} (lower optim.lr?)"
             )
-        p.engine.backward(loss)  # embedding rows are updated here by the fused Adagrad
-        p.engine.step()
+        with p.clock("backward"):
+            p.engine.backward(loss)  # embedding rows are updated here by the fused Adagrad
+        with p.clock("optimizer_step"):
+            p.sparse.step()  # the replicated tables (the sharded ones were updated inside backward)
+            p.engine.step()
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         state.step = i + 1
-        recent.append(_step_stats(p, step, loss.item(), parts, elapsed, num_dense) | {"cpu_seconds": cpu})
+        phases = p.clock.as_dict()
+        recent.append(
+            _step_stats(p, step, loss.item(), parts, elapsed, num_dense) | {"cpu_seconds": cpu, **phases}
+        )
         stats.append(recent[-1])
         if state.step % oc.log_every == 0 or state.step == len(plan):
             _log_steps(p, tracker, recent, state.step)
@@ -405,7 +384,38 @@ def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> 
         every = dc.checkpoint.every_steps
         if (every and state.step % every == 0) or state.step == len(plan):
             save_checkpoint(p, store, state)
+    profiler.stop()
     return stats
+
+
+class _StepProfiler:
+    """torch.profiler over a window of steps when ``GEMFLOW_PROFILE_DIR`` is set (off: does nothing)."""
+
+    def __init__(self, folder: str | None, rank: int):
+        self.folder, self.rank, self.prof = Path(folder) if folder else None, rank, None
+
+    def at_step(self, i: int) -> None:
+        if self.folder is None:
+            return
+        if i == PROFILE_FIRST_STEP:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+            self.prof.__enter__()
+        elif i == PROFILE_FIRST_STEP + PROFILE_STEPS:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.__exit__(None, None, None)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        table = self.prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=100, max_name_column_width=70
+        )
+        (self.folder / f"rank-{self.rank}.txt").write_text(table)
+        self.prof.export_chrome_trace(str(self.folder / f"rank-{self.rank}.json"))
+        self.prof = None
 
 
 PERF_WARMUP_STEPS = 3  # the first steps pay for lazy initialisation and allocator warm-up
@@ -445,8 +455,18 @@ def _write_perf(p: Parts, run_dir: Path, stats: list[dict], cpu_by_rank: list[li
         "tokens_per_critical_cpu_second": tokens / critical if critical > 0 else float("nan"),
         "model_tflops_per_cpu_core_second": flops / core_seconds / 1e12 if core_seconds > 0 else float("nan"),
         "rank_cpu_imbalance_mean": float(np.mean(cpu.max(0) / cpu.mean(0))),
+        # per timed step: the slowest rank's CPU seconds, and the wall seconds (the minimum is the figure least
+        # disturbed by other work on a shared machine)
+        "critical_cpu_seconds_per_step": [float(c) for c in cpu.max(0)],
+        "step_seconds": [float(r["seconds"]) for r in timed],
         "fp8_linears": len(p.fp8_modules),
         "moe_layers": len(moe_layers(p.tower)),
+        # rank 0's mean seconds per step in each phase (wall includes waiting for the other ranks)
+        "phase_seconds_mean": {
+            k: float(np.mean([r.get(k, 0.0) for r in timed]))
+            for k in timed[0]
+            if k.startswith(("wall_", "cpu_"))
+        },
     }
     (run_dir / "perf.json").write_text(json.dumps(perf, indent=2))
 
@@ -509,7 +529,7 @@ def export_model(p: Parts, run_dir: Path, state: RunState) -> float | None:
     """
     from models.inference import load_bundle, save_bundle
 
-    tables = gather_full_tables(p.dmp, p.rank)
+    tables = p.sparse.full_tables(p.rank)
     dense = {
         k.removeprefix("model."): v.detach().float().cpu() for k, v in p.engine.module.state_dict().items()
     }

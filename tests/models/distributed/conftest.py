@@ -22,6 +22,9 @@ def small_config(training_set: Path, **overrides) -> TrainRunConfig:
         "user_model.d_model": "64",
         "user_model.max_history": "64",
         "optim.log_every": "5",
+        # the fixture's tables are tiny: keep the ad (81 rows) and user tables sharded, as at production scale,
+        # so every test runs both the sharded and the replicated embedding path
+        "distributed.replicate_max_rows": "40",
     }
     return load_config(TrainRunConfig, None, {**base, **{k: str(v) for k, v in overrides.items()}})
 
