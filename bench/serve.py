@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import http.client
 import os
 import subprocess
@@ -252,12 +253,16 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
     total = int(rate * seconds)
     bodies = [request_body(rng, users, num_ads, n, request_ts) for _ in range(min(total, 500))]
     tally, local = Tally(), threading.local()
-    rss: list[int] = []
+    rss: list[tuple[int, int]] = []  # (server process, its children: the ad-table refresh process)
     done = threading.Event()
 
     def sample_rss() -> None:
         while proc is not None and not done.is_set():
-            rss.append(proc.memory_info().rss)
+            children = 0
+            for child in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    children += child.memory_info().rss
+            rss.append((proc.memory_info().rss, children))
             done.wait(1.0)
 
     def one(i: int, due: float) -> None:
@@ -286,13 +291,15 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
     print(
         f"  latency {percentiles(tally.client_ms)}; server errors (5xx or transport): {tally.server_errors}"
     )
+    print(f"  server-side total {percentiles(tally.server_ms)} (handler start to scored: no HTTP)")
     print(f"  fallbacks {dict(tally.fallbacks)}")
     if rss:
-        mib = np.array(rss) / 2**20
-        half = mib[len(mib) // 2 :]
-        slope = np.polyfit(np.arange(len(half)), half, 1)[0] * 60 if len(half) > 2 else float("nan")
-        print(f"  server RSS start {mib[0]:.0f} MiB, end {mib[-1]:.0f} MiB, peak {mib.max():.0f} MiB "
-              f"({mib[-1] - mib[0]:+.1f} MiB; second half trend {slope:+.1f} MiB/min)")  # fmt: skip
+        both = np.array(rss) / 2**20
+        for name, mib in (("server", both[:, 0]), ("its child processes", both[:, 1])):
+            half = mib[len(mib) // 2 :]
+            slope = np.polyfit(np.arange(len(half)), half, 1)[0] * 60 if len(half) > 2 else float("nan")
+            print(f"  {name} RSS start {mib[0]:.0f} MiB, end {mib[-1]:.0f} MiB, peak {mib.max():.0f} MiB "
+                  f"({mib[-1] - mib[0]:+.1f} MiB; second half trend {slope:+.1f} MiB/min)")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- the server
@@ -374,8 +381,9 @@ def main() -> None:
         if "soak" in phases and args.soak > 0:
             run_soak(args.url, rng, users, args.num_ads, args.soak_candidates, args.rate, args.soak, server,
                      float(REQUEST_TS))  # fmt: skip
-        stats = get_json(args.url, f"/v2/models/{MODEL}/stats")[1]["stats"]
-        print(f"\nserver stats: {stats}")
+        stats = get_json(args.url, f"/v2/models/{MODEL}/stats")[1]
+        print(f"\nserver stats: {stats['stats']}")
+        print(f"server pauses (GC per generation, event-loop lag over the last minute): {stats['pauses']}")
     finally:
         if proc is not None:
             proc.terminate()

@@ -35,6 +35,7 @@ class ScoringConfig:
 @dataclass
 class AdTableConfig:
     refresh_seconds: float = 60.0  # background refresh period of the in-process ad table
+    refresh_process: bool = True  # build each snapshot in a child process (serving.ad_table: the GIL)
     lookup_chunk: int = 2000  # ads per Feast online read during a refresh
     feature_service: str = "ad_candidates"
 

@@ -32,9 +32,10 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 from gemflow.workspace import Workspace
 from serving import inputs as build
 from serving import runtime
-from serving.ad_table import AdTable, feast_ad_loader, offline_ad_ids
+from serving.ad_table import AdTable, ProcessLoader, feast_ad_loader, offline_ad_ids, store_ad_loader
 from serving.config import ServingConfig
 from serving.model_source import ServedModel, load_served_model
+from serving.pauses import PauseMonitor
 from serving.schema import ParsedRequest, RequestError, parse_request, v2_to_body
 from serving.scorer import UserInputs, score_shared, user_tokens
 from serving.stats import ServingStats
@@ -71,6 +72,7 @@ class RankerPredictor(Model):
         self.served = served
         self.store = store
         self.stats = ServingStats()
+        self.pauses = PauseMonitor()
         self.reader: UserFeatureReader | None = None
         self.ads: AdTable | None = None
         self._arrays: build.AdArrays | None = None
@@ -81,6 +83,7 @@ class RankerPredictor(Model):
     def load(self) -> bool:
         sc = self.cfg.scoring
         runtime.configure(sc.torch_threads)
+        self.pauses.start_gc()
         self._scoring = concurrent.futures.ThreadPoolExecutor(
             sc.workers, "score", initializer=runtime.worker_init, initargs=(sc.torch_threads,)
         )
@@ -100,9 +103,14 @@ class RankerPredictor(Model):
             sc.feature_waiting,
             guard,
         )
-        loader = feast_ad_loader(
-            self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
-        )
+        if at.refresh_process:  # its own store handle from the same config, no GIL shared with requests
+            make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
+                                     at.lookup_chunk)  # fmt: skip
+            loader = ProcessLoader(make, timeout_s=max(at.refresh_seconds, 60.0))
+        else:
+            loader = feast_ad_loader(
+                self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
+            )
         self.ads = AdTable(loader, at.refresh_seconds)
         self.ads.start()
         self._warm_up()
@@ -114,6 +122,7 @@ class RankerPredictor(Model):
         return self.ready
 
     def stop(self) -> None:
+        self.pauses.stop()
         if self.ads:
             self.ads.stop()
         if self.reader:
@@ -171,6 +180,7 @@ class RankerPredictor(Model):
     # ------------------------------------------------------------------------------------------- handlers
     async def preprocess(self, payload, headers=None) -> Job:
         started = time.perf_counter()
+        self.pauses.watch_loop()  # the lag probe needs the server's running loop: started by the first request
         v2 = isinstance(payload, InferRequest)
         try:
             if v2:

@@ -6,13 +6,14 @@ added here first takes precedence:
 - ``RequestDeadline``: a request still running after ``request_timeout_ms`` -> 503 with a message;
 - model readiness (``GET /v2/models/{name}/ready``, ``GET /v1/models/{name}``) that covers the feature store
   and the ad table, not just "the model object is loaded" (predict keeps answering, degraded, meanwhile);
-- ``GET /v2/models/{name}/stats``: fallback / mismatch counters as JSON.
+- ``GET /v2/models/{name}/stats``: fallback / mismatch counters and the process's pauses as JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from gemflow.workspace import Workspace
 from serving.config import ServingConfig
@@ -121,7 +122,9 @@ def install(app, predictor, cfg: ServingConfig) -> None:
 
     async def stats():
         _, detail = await predictor.readiness()
-        return ORJSONResponse({**detail, "stats": predictor.stats.snapshot()})
+        return ORJSONResponse(
+            {**detail, "stats": predictor.stats.snapshot(), "pauses": predictor.pauses.snapshot()}
+        )
 
     app.add_api_route(f"/v2/models/{name}/ready", ready, methods=["GET"])
     app.add_api_route(f"/v1/models/{name}", ready, methods=["GET"])
@@ -136,10 +139,13 @@ def serve(cfg: ServingConfig, ws: Workspace) -> None:
     import kserve
     from kserve import model_server
 
+    from serving.pauses import freeze_heap
     from serving.predictor import RankerPredictor
 
     predictor = RankerPredictor(cfg, ws)
     predictor.load()
+    frozen = freeze_heap()  # what loading left alive is never walked by a collection again (serving.pauses)
+    logging.getLogger(__name__).info("%d objects frozen out of garbage collection", frozen)
     install(model_server.app, predictor, cfg)
     server = kserve.ModelServer(
         http_port=cfg.http_port, enable_grpc=False, workers=1, enable_latency_logging=False

@@ -1,15 +1,20 @@
-"""The in-process ad table: lookups by id, unknown ids, refresh failures keep the last good snapshot."""
+"""The in-process ad table: lookups by id, unknown ids, refresh failures keep the last good snapshot, and
+snapshots built in a child process (``ProcessLoader``)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import os
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from models.data import DenseSpec
-from serving.ad_table import AdSnapshot, AdTable
+from serving.ad_table import AdSnapshot, AdTable, ProcessLoader
 from serving.inputs import AdArrays
+from tests.serving import ad_loaders
 
 
 def _snap():
@@ -68,3 +73,33 @@ def test_failed_refresh_keeps_the_last_snapshot():
     status = table.status()
     assert status["ads"] == 3 and status["failures"] == 1 and "store down" in status["last_error"]
     assert status["as_of"] == "2026-03-03T00:00:00+00:00"
+
+
+def _child_pid(loader: ProcessLoader) -> int:
+    return int(loader().columns["pid"][1])
+
+
+def test_process_loader_builds_snapshots_in_one_long_lived_child():
+    loader = ProcessLoader(ad_loaders.pid_loader, timeout_s=60)
+    try:
+        first = _child_pid(loader)
+        assert first != os.getpid()
+        assert _child_pid(loader) == first  # the child (and its store handle) is kept between refreshes
+    finally:
+        loader.close()
+
+
+def test_process_loader_failures_are_failed_refreshes_and_a_dead_child_is_replaced(tmp_path):
+    table = AdTable(ProcessLoader(ad_loaders.unreachable_store, timeout_s=60), refresh_seconds=3600)
+    try:
+        assert not table.refresh()
+        assert "ConnectionError: feature store unreachable" in table.status()["last_error"]
+    finally:
+        table.stop()
+    loader = ProcessLoader(functools.partial(ad_loaders.dies_once, tmp_path / "died"), timeout_s=60)
+    try:
+        with pytest.raises(RuntimeError, match="refresh process died"):
+            loader()
+        assert _child_pid(loader) != os.getpid()  # a new child serves the next refresh
+    finally:
+        loader.close()

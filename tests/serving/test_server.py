@@ -225,6 +225,16 @@ def test_locked_feature_store_degrades_without_failing(server, world):
     assert get(f"{server}/v2/models/{MODEL}/ready")[0] == 200
 
 
+def test_stats_report_the_process_pauses(server):
+    post(_v1(server), v1_body(0, [1, 2, 3], CTX))  # the first request starts the loop-lag probe
+    time.sleep(0.1)
+    status, body = get(f"{server}/v2/models/{MODEL}/stats")
+    pauses = body["pauses"]
+    assert status == 200 and pauses["frozen_objects"] > 10_000  # frozen after loading (serving.pauses)
+    assert pauses["event_loop_lag"]["samples"] > 0 and pauses["event_loop_lag"]["p50_ms"] >= 0
+    assert body["ad_table"]["loaded"] and body["ad_table"]["failures"] == 0
+
+
 def test_readiness_reports_model_and_feature_store(server):
     status, ready = get(f"{server}/v2/models/{MODEL}/ready")
     assert (

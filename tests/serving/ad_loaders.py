@@ -1,0 +1,32 @@
+"""Loaders the ``ProcessLoader`` tests run in a child process (module-level: spawn pickles them by name; this
+module imports nothing heavy, so the child starts fast)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from serving.ad_table import AdSnapshot, Loader
+
+
+def pid_loader() -> Loader:
+    """Each snapshot holds one ad whose ``pid`` column says which process built it."""
+    return lambda: AdSnapshot.from_rows(np.array([1]), {"pid": np.array([os.getpid()])}, None)
+
+
+def unreachable_store() -> Loader:
+    raise ConnectionError("feature store unreachable")
+
+
+def dies_once(marker: Path) -> Loader:
+    """The first refresh kills its process (as an OOM kill would); later ones build normally."""
+
+    def load() -> AdSnapshot:
+        if not marker.exists():
+            marker.touch()
+            os._exit(1)
+        return pid_loader()()
+
+    return load
