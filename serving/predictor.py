@@ -139,10 +139,12 @@ class RankerPredictor(Model):
         return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
 
     def _warm_up(self) -> None:
-        """Score a throwaway request on every scoring worker (lazy kernel and thread-pool initialisation)."""
+        """Score a throwaway full-size request on every scoring worker: lazy kernel and thread-pool
+        initialisation, and each worker's heap grown to a request's working set before the first real one."""
         recent, _ = build.recent_events(None, self.ad_arrays(), time.time(), 1, 1)
         user = UserInputs(recent, build.profile(0, None), None)
-        cands, _ = build.candidates(np.arange(8, dtype=np.int64), 0, self.ad_arrays())
+        size = min(self.cfg.limits.max_candidates, self.cfg.scoring.batch_size)
+        cands, _ = build.candidates(np.arange(size, dtype=np.int64), 0, self.ad_arrays())
         score = functools.partial(score_shared, self.served.ranker, user, cands, self.cfg.scoring.batch_size)
         for fut in [self._scoring.submit(score) for _ in range(2 * self.cfg.scoring.workers)]:
             fut.result()
