@@ -220,8 +220,16 @@ def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot:
     return _CHILD_LOADER()
 
 
-def _lower_priority() -> None:
+def _init_child() -> None:
     os.nice(10)  # when cores are short, request scoring in the parent goes first
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A killed server must not leave its refresh process behind (the pool's queues never report it)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 class ProcessLoader:
@@ -240,7 +248,7 @@ class ProcessLoader:
     def __call__(self) -> AdSnapshot:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_child
             )
         if self._pending is None or self._pending.done():
             self._pending = self._pool.submit(_load_in_child, self.make_loader)

@@ -6,9 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from models.data import DenseSpec
@@ -103,3 +107,20 @@ def test_process_loader_failures_are_failed_refreshes_and_a_dead_child_is_replac
         assert _child_pid(loader) != os.getpid()  # a new child serves the next refresh
     finally:
         loader.close()
+
+
+def test_the_refresh_process_exits_when_its_server_is_killed(tmp_path):
+    script = (
+        "import sys; from serving.ad_table import ProcessLoader; from tests.serving import ad_loaders; "
+        "loader = ProcessLoader(ad_loaders.pid_loader, timeout_s=60); "
+        "print(int(loader().columns['pid'][1]), flush=True); sys.stdin.read()"
+    )
+    server = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parents[2], text=True)  # fmt: skip
+    try:
+        child = psutil.Process(int(server.stdout.readline()))
+        server.kill()  # SIGKILL: no shutdown code runs in the server
+        child.wait(timeout=15)
+    finally:
+        server.kill()
+        server.wait()
