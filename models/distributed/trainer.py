@@ -3,8 +3,8 @@
     python -m models.distributed.trainer --config <run>/config.yaml --workspace <ws>
 
 Per step: this rank's token-budget share of the global batch -> ids -> embeddings (large tables sharded by
-torchrec DMP with fused row-wise Adagrad inside backward, small ones replicated: ``sparse.py``) -> DeepSpeed engine over the dense tower (ZeRO, bf16, MoE experts
-across ranks, FP8 Linears) -> loss (+ MoE load-balancing loss) -> ``engine.backward`` -> ``engine.step``.
+torchrec DMP with fused row-wise Adagrad inside backward, small ones replicated: ``sparse.py``) -> DeepSpeed
+engine over the dense tower (ZeRO, bf16, MoE experts across ranks, FP8 Linears) -> loss (+ MoE load-balancing loss) -> ``engine.backward`` -> ``engine.step``.
 Every collective (sharded lookups, MoE all-to-all, the gradient reduction) needs all ranks, so every rank
 runs the same number of steps and evaluation batches.
 
