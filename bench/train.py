@@ -41,6 +41,7 @@ from models.distributed.launch import launch  # noqa: E402
 from models.distributed.mfu import measure_matmul_peak  # noqa: E402
 from tests.models.distributed.conftest import write_learnable_set  # noqa: E402
 
+PHASES = ("sparse_forward", "dense_forward", "backward", "optimizer_step")  # the trainer's step phases
 CONFIGS = {  # name -> (nproc, threads per rank, overrides)
     "1 rank x 1 core, bf16": (1, 1, {}),
     "2 ranks x 1 core, bf16": (2, 1, {}),  # ZeRO-2, the default
@@ -132,6 +133,11 @@ def main() -> None:
         print(f"{name:<26} {r['tokens_per_second']:>10.0f} {r['mfu']:>8.1%} {r['tokens_per_critical_cpu_second']:>9.0f} "
               f"{r['mfu_cpu']:>7.1%} {r['step_seconds_median']:>7.3f} {r['token_imbalance_mean']:>9.3f} "
               f"{r['rank_cpu_imbalance_mean']:>9.3f} {r['valid_ne']:>9.4f}")  # fmt: skip
+    print("\nwhere a step goes, rank 0, CPU | wall ms per step (wall includes waiting for the other rank):")
+    for name, r in results.items():
+        ph = r.get("phase_seconds_mean", {})
+        parts = [f"{k} {ph.get(f'cpu_{k}', 0) * 1e3:.0f}|{ph.get(f'wall_{k}', 0) * 1e3:.0f}" for k in PHASES]
+        print(f"  {name:<26} " + ", ".join(parts))
     one, two = results.get("1 rank x 1 core, bf16"), results.get("2 ranks x 1 core, bf16")
     for name in ("2 ranks x 1 core, bf16", "2 ranks x 1 core, ZeRO-0"):
         if one and name in results:
