@@ -63,6 +63,7 @@ class RunState:
     history: list[dict] = field(default_factory=list)  # one entry per evaluation
     run_id: str | None = None
     left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
+    replicated_tables: list[str] = field(default_factory=list)  # the rest sharded (checkpoint layout)
 
 
 class PhaseClock:
@@ -225,6 +226,8 @@ def evaluate(p: Parts, rows: np.ndarray, prefix: str) -> dict[str, float]:
 def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
     import torch.distributed.checkpoint as dcp
 
+    state.replicated_tables = p.sparse.replicated_tables
+
     def write(folder: Path) -> None:
         p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
         _maybe_crash(p.rank, state.step)
@@ -245,6 +248,8 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
 def load_checkpoint(p: Parts, path: Path) -> RunState:
     import torch.distributed.checkpoint as dcp
 
+    state = RunState(**json.loads((path / "state.json").read_text()))
+    check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
     p.engine.load_checkpoint(str(path / "dense"), tag="engine")
     dmp = p.sparse.dmp
     if dmp is not None:
@@ -252,11 +257,23 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
         dcp.load(sd, checkpoint_id=str(path / "sparse"))
         dmp.load_state_dict(sd["model"])
         dmp.fused_optimizer.load_state_dict(sd["optim"])
-    p.sparse.load_replicated_state(torch.load(path / "replicated.pt", weights_only=False))
+    if state.replicated_tables:
+        p.sparse.load_replicated_state(torch.load(path / "replicated.pt", weights_only=False))
     rng = path / "rng" / f"rank-{p.rank}.pt"
     if rng.exists():  # the same world size: restore exactly (steps re-seed anyway)
         _set_rng_state(torch.load(rng, weights_only=False))
-    return RunState(**json.loads((path / "state.json").read_text()))
+    return state
+
+
+def check_table_split(saved: list[str], current: list[str], path: Path) -> None:
+    """A checkpoint holds the replicated tables in one file and the sharded ones in another: resuming needs the
+    same split (``distributed.replicate_max_rows``)."""
+    if sorted(saved) != sorted(current):
+        raise ValueError(
+            f"checkpoint {path} holds replicated tables {sorted(saved)} but this run replicates {sorted(current)}: "
+            "resume with the distributed.replicate_max_rows it was written with (checkpoints from before "
+            "replicated tables existed: 0), or start fresh with resume=false"
+        )
 
 
 def _rng_state() -> dict:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from gemflow.workspace import Workspace
 from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
 from models.distributed.sparse import SparseLookup, split_tables
+from models.distributed.trainer import check_table_split
 from models.train import prepare
 from tests.models.distributed.conftest import small_config
 
@@ -59,3 +60,9 @@ def test_replicated_tables_take_the_fused_sharded_update(training_set, tmp_path,
     for key, start in full.state_dict().items():
         assert not torch.equal(tables["replicated"][key], start), f"{key} was not updated"
         torch.testing.assert_close(tables["replicated"][key], tables["sharded"][key], msg=key)
+
+
+def test_resuming_with_another_table_split_is_a_clear_error(tmp_path):
+    check_table_split(["action", "surface"], ["surface", "action"], tmp_path)  # same split, any order
+    with pytest.raises(ValueError, match="replicate_max_rows it was written with"):
+        check_table_split([], ["action", "surface"], tmp_path)  # a checkpoint with every table sharded
