@@ -3,9 +3,10 @@
     nice -n 10 .venv/bin/python bench/train.py [--d-model 256] [--steps 24] [--tokens-per-step 8192]
 
 Every configuration runs the real launcher (torchrun ranks, torchrec DMP embeddings for the ad and user tables,
-the small vocabulary tables replicated on every rank, DeepSpeed ZeRO-2 engine with bucketed gradient reduction) on the same learnable training set for the same steps, then reads the run's
-``perf.json`` (throughput after warm-up steps) and ``metrics.json`` (validation NE). The dense tower runs in
-bf16 (autocast-free: DeepSpeed's bf16 mode keeps the weights in bf16), so MFU is against the **bf16** GEMM peak
+the small vocabulary tables replicated on every rank, DeepSpeed ZeRO-2 engine with bucketed gradient reduction)
+on the same learnable training set for the same steps, then reads the run's ``perf.json`` (throughput after
+warm-up steps) and ``metrics.json`` (validation NE). The dense tower runs in bf16 (autocast-free: DeepSpeed's
+bf16 mode keeps the weights in bf16), so MFU is against the **bf16** GEMM peak
 (on this CPU bf16 GEMMs run ~2.2x faster than fp32, both peaks are printed), of the cores the run uses
 (ranks x threads per rank), measured here at 1 thread.
 
@@ -14,11 +15,14 @@ Two clocks, both printed:
 - CPU: the same work over CPU time. MFU(cpu) = model FLOPs per core-second of the ranks / the 1-core GEMM peak
   per CPU-second; tokens/s(cpu) = tokens / the sum over steps of the slowest rank's CPU seconds (what the run
   takes on idle cores, minus communication latency). On a shared machine these are the figures that hold.
-Scaling efficiency = tokens/s(2 ranks x 1 thread) / (2 x tokens/s(1 rank x 1 thread)), per clock.
+Scaling efficiency = tokens/s(2 ranks x 1 thread) / (2 x tokens/s(1 rank x 1 thread)), per clock, at the same
+global token budget per step (strong scaling: each of 2 ranks gets half of ``--tokens-per-step``).
+Per configuration it also prints where rank 0's step goes (sparse forward, dense forward, backward, optimizer
+step; CPU | wall ms), from ``perf.json`` (``GEMFLOW_PROFILE_DIR=<dir>`` adds a torch.profiler table per rank).
 FP8 vs bf16 at 2 ranks: throughput ratio and NE (torchao float8 is emulated on CPU: slower here, by design).
 Goals on this 2-core CPU: MFU >= 30% of the bf16 peak at d_model >= 256; scaling efficiency >= 0.8.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
-machine (about 4-5 minutes: five launches of ~45 s, the emulated-FP8 one ~1.5 min).
+machine (about 3-4 minutes: five launches of ~30-45 s, the emulated-FP8 one ~1 min).
 """
 
 from __future__ import annotations
