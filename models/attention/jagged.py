@@ -42,6 +42,11 @@ SHORT_LEN = 16  # sequences this short share one bucket: their padding costs les
 # (query x key pairs); neighbouring length classes merge while that saves more than their padding adds. Calls
 # count for more on a busy machine, where every parallel region waits for descheduled threads.
 LAUNCH_CELLS = 32_768
+# PyTorch's fused CPU attention costs ~3x per sequence once a call's keys exceed 16 (measured, bf16, 4 queries x
+# 64 dims: fwd+bwd 90 us per sequence and head-group at 16 keys, 267 at 24, 334 at 42): padding short-key
+# sequences into a longer-key bucket costs far more than the cells count, so buckets are merged on each side of
+# this length, never across it (``merge_on_each_side_of_the_cliff``).
+KV_CLIFF = 16
 
 
 # ---------------------------------------------------------------------------------------------------- layout
@@ -125,6 +130,15 @@ def merge_groups(
     return merged[::-1]
 
 
+def merge_on_each_side_of_the_cliff(
+    groups: list[torch.Tensor], q_lens: torch.Tensor, kv_lens: torch.Tensor
+) -> list[torch.Tensor]:
+    """``merge_groups`` separately over the groups whose keys fit under ``KV_CLIFF`` and over the others."""
+    short = [g for g in groups if int(kv_lens[g].max()) <= KV_CLIFF]
+    long = [g for g in groups if int(kv_lens[g].max()) > KV_CLIFF]
+    return [*merge_groups(short, q_lens, kv_lens), *merge_groups(long, q_lens, kv_lens)]
+
+
 def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
     """Stack the dense blocks of the given groups of non-empty sequences of ``offsets``."""
     buckets, rows, slots, start = [], [], [], 0
@@ -147,7 +161,9 @@ def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
 def plan_self(offsets: torch.Tensor) -> Layout:
     """Buckets of the non-empty sequences of ``offsets``: ``length_class`` groups, merged by ``merge_groups``."""
     lens = offsets[1:] - offsets[:-1]
-    return layout(merge_groups(group_sequences(length_class(lens), lens > 0), lens, lens), offsets)
+    return layout(
+        merge_on_each_side_of_the_cliff(group_sequences(length_class(lens), lens > 0), lens, lens), offsets
+    )
 
 
 def plan_cross(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[Layout, Layout]:
@@ -157,7 +173,9 @@ def plan_cross(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[Layou
     # A sequence costs (its query length x its key length): bucket on both length classes.
     q_cls = length_class(q_lens)
     classes = length_class(kv_lens) * (int(q_cls.max()) + 1 if q_cls.numel() else 1) + q_cls
-    groups = merge_groups(group_sequences(classes, (q_lens > 0) & (kv_lens > 0)), q_lens, kv_lens)
+    groups = merge_on_each_side_of_the_cliff(
+        group_sequences(classes, (q_lens > 0) & (kv_lens > 0)), q_lens, kv_lens
+    )
     return layout(groups, q_offsets), layout(groups, kv_offsets)
 
 
