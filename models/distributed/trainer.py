@@ -417,7 +417,7 @@ class _StepProfiler:
         if i == PROFILE_FIRST_STEP:
             from torch.profiler import ProfilerActivity, profile
 
-            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
             self.prof.__enter__()
         elif i == PROFILE_FIRST_STEP + PROFILE_STEPS:
             self.stop()
@@ -431,6 +431,10 @@ class _StepProfiler:
             sort_by="self_cpu_time_total", row_limit=100, max_name_column_width=70
         )
         (self.folder / f"rank-{self.rank}.txt").write_text(table)
+        by_shape = self.prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60, max_shapes_column_width=120
+        )
+        (self.folder / f"rank-{self.rank}-shapes.txt").write_text(by_shape)
         self.prof.export_chrome_trace(str(self.folder / f"rank-{self.rank}.json"))
         self.prof = None
 
