@@ -22,7 +22,7 @@ step; CPU | wall ms), from ``perf.json`` (``GEMFLOW_PROFILE_DIR=<dir>`` adds a t
 FP8 vs bf16 at 2 ranks: throughput ratio and NE (torchao float8 is emulated on CPU: slower here, by design).
 Goals on this 2-core CPU: MFU >= 30% of the bf16 peak at d_model >= 256; scaling efficiency >= 0.8.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
-machine (about 3-4 minutes: five launches of ~30-45 s, the emulated-FP8 one ~1 min).
+machine (about 2-3 minutes: five launches of ~20-30 s each, the emulated-FP8 one ~40 s).
 """
 
 from __future__ import annotations
