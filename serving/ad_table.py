@@ -221,7 +221,7 @@ def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot:
 
 
 def _init_child() -> None:
-    os.nice(10)  # when cores are short, request scoring in the parent goes first
+    os.nice(19)  # the lowest priority: the refresh runs on cycles request scoring leaves idle
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
 
 

@@ -30,6 +30,7 @@ class ScoringConfig:
     workers: int = 2  # requests scored at once, each on its own thread (about one per core)
     feature_workers: int = 4  # online-store read threads (a read holds one ~1 ms; a hung store, all)
     feature_waiting: int = 0  # reads that may wait for a busy worker; beyond that -> degraded at once
+    gil_switch_ms: float = 1.0  # interpreter switch interval (serving.runtime); 0 = CPython's default, 5 ms
 
 
 @dataclass
@@ -83,6 +84,10 @@ class ServingConfig:
         sc = self.scoring
         if sc.feature_waiting < 0:
             raise ValueError(f"scoring.feature_waiting must be >= 0, got {sc.feature_waiting}")
+        if sc.gil_switch_ms < 0:
+            raise ValueError(
+                f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"
+            )
         if min(sc.batch_size, sc.feature_workers, sc.workers, sc.torch_threads) < 1:
             raise ValueError(
                 "scoring.batch_size, scoring.feature_workers, scoring.workers and scoring.torch_threads must be >= 1"

@@ -4,6 +4,7 @@ threads per worker) is measured by ``bench/serve.py`` (server CPU per request), 
 from __future__ import annotations
 
 import platform
+import sys
 
 import pytest
 import torch
@@ -25,3 +26,14 @@ def test_configure_sets_the_intra_op_threads():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_configure_sets_the_gil_switch_interval_only_when_asked():
+    before = sys.getswitchinterval()
+    try:
+        runtime.configure(torch.get_num_threads())
+        assert sys.getswitchinterval() == before
+        runtime.configure(torch.get_num_threads(), gil_switch_ms=0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
