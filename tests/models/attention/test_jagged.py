@@ -270,6 +270,24 @@ def test_buckets_cover_every_row_once_and_cost_no_more_than_length_classes(lens)
     assert self_cost(plan) <= self_cost(jagged.layout(classes, offsets))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    q_lens=st.lists(st.integers(0, 60), min_size=1, max_size=30),
+    kv_lens=st.lists(st.integers(0, 60), min_size=1, max_size=30),
+)
+def test_no_bucket_pads_a_short_key_sequence_past_the_kv_cliff(q_lens, kv_lens):
+    """Keys of <= KV_CLIFF are never padded into a longer-key bucket (the fused CPU kernel costs ~3x there)."""
+    n = min(len(q_lens), len(kv_lens))
+    q_lens, kv_lens = q_lens[:n], kv_lens[:n]
+    kv = torch.tensor(kv_lens)
+    _, kv_plan = jagged.plan_cross(offsets_of(q_lens), offsets_of(kv_lens))
+    plans = [(kv_plan, kv), (jagged.plan_self(offsets_of(kv_lens)), kv)]
+    for plan, lens in plans:
+        for bucket in plan.buckets:
+            if bucket.max_len > jagged.KV_CLIFF:
+                assert int(lens[bucket.seq].min()) > jagged.KV_CLIFF, (bucket.max_len, lens[bucket.seq])
+
+
 def contiguous_partitions(n: int):
     if n == 0:
         yield []
