@@ -82,7 +82,7 @@ class RankerPredictor(Model):
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
         sc = self.cfg.scoring
-        runtime.configure(sc.torch_threads)
+        runtime.configure(sc.torch_threads, sc.gil_switch_ms)
         self.pauses.start_gc()
         self._scoring = concurrent.futures.ThreadPoolExecutor(
             sc.workers, "score", initializer=runtime.worker_init, initargs=(sc.torch_threads,)
