@@ -213,10 +213,8 @@ _CHILD_LOADER: Loader | None = None  # the refresh process's loader, built by it
 
 def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot:
     global _CHILD_LOADER
-    if _CHILD_LOADER is None:
-        _CHILD_LOADER = (
-            make_loader()
-        )  # a failure here reaches the parent as a failed refresh, retried next time
+    if _CHILD_LOADER is None:  # a failure here reaches the parent as a failed refresh, retried next time
+        _CHILD_LOADER = make_loader()
     return _CHILD_LOADER()
 
 
