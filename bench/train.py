@@ -71,6 +71,7 @@ def run_config(
             "user_model.num_heads": "4",
             "user_model.num_layers": str(args.layers),
             "user_model.max_history": "256",
+            "optim.lr": str(args.lr),
             "optim.log_every": "1000",
             "optim.epochs": "100",
             "distributed.max_steps": str(args.steps),
@@ -94,6 +95,12 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2, help="user-model layers (dense work per token)")
     parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=2.5e-4,
+        help="dense lr (the scaling lab's width rule: 2e-3 x 32 / d_model; higher diverges at d=256)",
+    )
     parser.add_argument("--tokens-per-step", type=int, default=8192)
     parser.add_argument("--users", type=int, default=400)
     parser.add_argument("--replicate-max-rows", type=int, default=40,
