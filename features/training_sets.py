@@ -6,7 +6,10 @@
 - ``examples.parquet``: one row per impression in [start, end]: ``example_id`` (the event id), ``user_id``,
   ``user_row`` (row in sequences), ``cut`` (that user's events strictly before the example's second: the history
   is ``[max(0, cut - L), cut)``), ``ad_id, advertiser_id, category_id, quality, surface, ts`` (seconds),
-  ``click, conversion, split`` (train / valid / test by day: the last days are held out);
+  ``click, conversion, split`` (``split="time"``: train / valid / test by day, the last days held out;
+  ``split="leave-one-out"``: per user, the last positive is test and the second-last valid);
+- ``items.parquet``: one row per ad known at the end date: ``ad_id, advertiser_id, category_id`` and every
+  attribute (``categories``), so a model can tokenize all of an item's attributes, not only the first;
 - ``ranker.parquet``: the examples plus ``event_timestamp`` joined point in time (Feast
   ``get_historical_features(..., filter_by_created_timestamp=True)``, feature service ``ranker_training``) with
   ad stats, ad attributes, user profile, recent events and the user embedding + model_version (null when the
@@ -29,10 +32,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from features.feature_repo import FEATURE_TABLES, FeatureStoreConfig
-from features.feature_repo.offline import PARQUET_OPTIONS, partition_days
+from features.feature_repo.offline import PARQUET_OPTIONS, partition_days, read_partition
 from features.feature_repo.tables import EVENT_TS
 from features.histories import SECOND_US, build_histories, cut_points
 from features.schema import ACTIONS, GENDERS, SURFACES
+from features.splits import SPLIT_MODES, leave_one_out_split
 from features.stats import read_events
 from gemflow.config import save_config, to_dict
 from gemflow.workspace import Workspace
@@ -63,8 +67,9 @@ class TrainingSetConfig:
     name: str = "default"
     start: str = ""  # first example day, YYYY-MM-DD; "" = the first accepted partition
     end: str = ""  # last example day (inclusive); "" = the latest accepted partition
-    valid_days: int = 1  # the days before the test days
-    test_days: int = 1  # the last days of the range
+    split: str = "time"  # "time" | "leave-one-out" (positive-only sequence logs; no days are held out)
+    valid_days: int = 1  # split "time": the days before the test days
+    test_days: int = 1  # split "time": the last days of the range
     history_start: str = ""  # earliest day read into histories; "" = every accepted partition up to ``end``
     join_features: bool = True  # write ranker.parquet (Feast point-in-time join)
     feature_service: str = "ranker_training"
@@ -81,6 +86,8 @@ class TrainingSetConfig:
             ) from err
         if end < start:
             raise ValueError(f"training set: end {end} is before start {start}")
+        if self.split not in SPLIT_MODES:
+            raise ValueError(f"training set: split must be one of {list(SPLIT_MODES)}, got {self.split!r}")
         if self.valid_days < 0 or self.test_days < 0:
             raise ValueError("training set: valid_days and test_days must be >= 0")
         return start, end
@@ -186,6 +193,17 @@ def _vocab(examples: pd.DataFrame, histories, ranker: pa.Table | None) -> dict[s
     return vocab
 
 
+def _items(ws: Workspace, end: dt.date) -> pa.Table:
+    """The ads known at ``end`` (the latest accepted ads partition up to it) with all their attributes."""
+    days = [d for d in partition_days(ws, "offline", "ads") if d <= end]
+    columns = ["ad_id", "advertiser_id", "category_id", "categories"]
+    if not days:
+        return pa.table(
+            {c: pa.array([], pa.list_(pa.int32()) if c == "categories" else pa.int64()) for c in columns}
+        )
+    return read_partition(ws.offline("ads", days[-1]), columns).sort_by("ad_id")
+
+
 def _write(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table.replace_schema_metadata(None), tmp, **PARQUET_OPTIONS)
@@ -204,13 +222,14 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
             f"no accepted event partitions between {start} and {end} under "
             f"{ws.offline('events')}: run `gemflow ingest --date D` first"
         )
-    if (
+    if cfg.split == "time" and (
         len({d for d in example_days if d.toordinal() <= end.toordinal() - cfg.test_days - cfg.valid_days})
         == 0
     ):
         raise ValueError(
             f"training set {start}..{end}: no train days left after holding out "
-            f"{cfg.valid_days} valid + {cfg.test_days} test day(s)"
+            f"{cfg.valid_days} valid + {cfg.test_days} test day(s); a positive-only log (one day, or no "
+            "timestamps) splits per user instead: --set split=leave-one-out"
         )
     out = ws.training(cfg.name)
     out.mkdir(parents=True, exist_ok=True)
@@ -219,7 +238,10 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     events = read_events(ws, days)
     histories = build_histories(events)
     examples = build_examples(events, histories, start, end, cfg)
+    if cfg.split == "leave-one-out":
+        examples["split"] = leave_one_out_split(examples)
     del events
+    _write(_items(ws, end), out / "items.parquet")
     _write(histories.to_arrow(), out / "sequences.parquet")
     _write(
         pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], preserve_index=False), out / "examples.parquet"
@@ -245,6 +267,7 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
             "conversions": int(examples["conversion"].sum()),
         },
         "vocab_sizes": _vocab(examples, histories, ranker),
+        "split": cfg.split,
         "history_fields": ["ad_id", "action", "surface", "category_id", "advertiser_id", "ts"],
         "feature_refs": refs,
         "files": sorted(p.name for p in out.glob("*.parquet")),

@@ -6,7 +6,7 @@ optimizer and the tracking settings. Ablations are flags here, never separate co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from models.distributed.config import DistributedConfig
 
@@ -25,7 +25,20 @@ class UserModelConfig:
     num_user_tokens: int = 4  # K summary queries -> K user tokens (the cached embedding)
     max_rel_pos: int = 64  # relative position bias covers |i - j| <= max_rel_pos
     time_buckets: int = 32  # log2 buckets of time gaps (seconds) for tokens and the attention bias
-    next_event_weight: float = 0.1  # sampled-softmax next-ad loss on the history; 0 disables it
+    # What the model is trained for: "click" (labelled impressions: click/conversion heads, next-ad loss as an
+    # auxiliary), "next_item" (positive-only logs: the next-item softmax is THE loss, judged by leave-one-out
+    # ranking) or "auto" (next_item when the training set was split leave-one-out, else click).
+    objective: str = "auto"
+    # Every attribute of an item (items.parquet: categories, brand, ...) mean-pooled into one more token field
+    # of each event and of the item side of the next-item score: "all" or "none"; "auto" = all for next_item,
+    # none for click.
+    item_attributes: str = "auto"
+    # Embedding init: "blocks" (each table in its own block of dimensions, N(0, 1): id matches dominate dot
+    # products at step 0, what the click heads start from) or "normal" (N(0, 0.05)); "auto" = normal for
+    # next_item, where unit-scale random rows barely moved in training and buried the cosine scores.
+    embedding_init: str = "auto"
+    next_item_temperature: float = 0.05  # the next-item score is cosine / temperature
+    next_event_weight: float = 0.1  # click objective: auxiliary sampled-softmax next-ad loss; 0 disables it
     num_negatives: int = 64  # shared uniform negatives for the sampled softmax
     pooling: str = "transformer"  # ablation: "mean" = mean-pooled history tokens, no attention
     # History cut for training and embedding: "example" = each example's own cut; "day" = as of the start of
@@ -60,6 +73,31 @@ class RankerConfig:
 
 
 @dataclass
+class SASRecConfig:
+    """The SASRec baseline (``models.sequential.sasrec``), the paper's shape for sparse Amazon logs."""
+
+    d_model: int = 64
+    num_blocks: int = 2
+    num_heads: int = 1  # the paper's single head
+    dropout: float = 0.5  # the paper's rate for the sparse Amazon sets (0.2 for MovieLens-1M)
+    max_len: int = 50
+
+
+@dataclass
+class NextItemConfig:
+    """The next-item task (positive-only logs, leave-one-out): its loss and how it is judged."""
+
+    loss: str = (
+        "auto"  # "full" | "sampled" | "bce" | "auto" = full while the catalog <= full_softmax_max_items
+    )
+    full_softmax_max_items: int = 100_000
+    num_negatives: int = 1024  # "sampled": shared uniform negatives per batch
+    eval_negatives: int = 99  # leave-one-out: sampled items per user (never touched by that user)
+    eval_seed: int = 0  # the sampled lists are fixed by this seed: every model ranks the same lists
+    select_metric: str = "ndcg@10"  # early stopping and the exported state: this valid metric (sampled lists)
+
+
+@dataclass
 class OptimConfig:
     epochs: int = 5
     batch_size: int = 256
@@ -90,22 +128,47 @@ class TrackingConfig:
 
 @dataclass
 class TrainRunConfig:
-    model: str = "user"  # "user" | "ranker"
+    model: str = "user"  # "user" | "ranker" | "sasrec" (the next-item baseline)
     training_set: str = "default"  # ws.training(<name>) or a path to a training-set folder
     output_dir: str = ""  # "" = <workspace>/models/<model>/<run name>
     split_mode: str = "time"  # "time" (the set's split column) | "leave_one_out" (positive-only logs)
     resume: bool = True  # continue from output_dir/checkpoint.pt when it exists
     user_model: UserModelConfig = field(default_factory=UserModelConfig)
     ranker: RankerConfig = field(default_factory=RankerConfig)
+    sasrec: SASRecConfig = field(default_factory=SASRecConfig)
+    next_item: NextItemConfig = field(default_factory=NextItemConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # gemflow train --nproc N
 
 
+def resolve_user_model(um: UserModelConfig, leave_one_out: bool) -> UserModelConfig:
+    """``um`` with every "auto" decided for a training set that is (or is not) split leave-one-out."""
+    objective = um.objective if um.objective != "auto" else ("next_item" if leave_one_out else "click")
+    next_item = objective == "next_item"
+
+    def pick(value: str, if_next: str, if_click: str) -> str:
+        return value if value != "auto" else (if_next if next_item else if_click)
+
+    return replace(
+        um,
+        objective=objective,
+        item_attributes=pick(um.item_attributes, "all", "none"),
+        embedding_init=pick(um.embedding_init, "normal", "blocks"),
+    )
+
+
 def validate(cfg: TrainRunConfig) -> None:
     """Reject combinations that would train something meaningless, with a message naming the key."""
-    if cfg.model not in ("user", "ranker"):
-        raise ValueError(f"model must be 'user' or 'ranker', got {cfg.model!r}")
+    if cfg.model not in ("user", "ranker", "sasrec"):
+        raise ValueError(f"model must be 'user', 'ranker' or 'sasrec', got {cfg.model!r}")
+    if cfg.next_item.loss not in ("auto", "full", "sampled", "bce"):
+        raise ValueError(f"next_item.loss must be auto, full, sampled or bce, got {cfg.next_item.loss!r}")
+    metric = cfg.next_item.select_metric
+    if metric not in ("mrr", "hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10"):
+        raise ValueError(
+            f"next_item.select_metric must be mrr, hr@K (1, 5, 10) or ndcg@K (5, 10), got {metric!r}"
+        )
     if cfg.split_mode not in ("time", "leave_one_out"):
         raise ValueError(f"split_mode must be 'time' or 'leave_one_out', got {cfg.split_mode!r}")
     um, rk = cfg.user_model, cfg.ranker
@@ -115,6 +178,12 @@ def validate(cfg: TrainRunConfig) -> None:
         raise ValueError(
             "user_model.next_event_weight > 0 needs user_model.causal=true (else the target leaks)"
         )
+    if um.objective not in ("auto", "click", "next_item"):
+        raise ValueError(f"user_model.objective must be 'auto', 'click' or 'next_item', got {um.objective!r}")
+    for key in ("item_attributes", "embedding_init"):
+        allowed = ("auto", "all", "none") if key == "item_attributes" else ("auto", "blocks", "normal")
+        if getattr(um, key) not in allowed:
+            raise ValueError(f"user_model.{key} must be one of {allowed}, got {getattr(um, key)!r}")
     if um.snapshot not in ("example", "day"):
         raise ValueError(f"user_model.snapshot must be 'example' or 'day', got {um.snapshot!r}")
     if rk.pooling not in ("target", "mean", "din"):

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
+from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
 
 EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
 CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
@@ -401,29 +402,6 @@ def _align_ranker(ranker: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
     if len(ranker) != len(examples):
         raise TrainingSetError("ranker.parquet and examples.parquet differ in rows and share no example_id")
     return ranker.reset_index(drop=True)
-
-
-def leave_one_out_split(examples: pd.DataFrame) -> np.ndarray:
-    """Split labels for positive-only logs: each user's last positive -> test, second-last -> valid,
-    everything strictly before the valid positive -> train. The user's non-positive rows between the valid
-    and the test positive also go to valid: without them valid holds positives only, its NE is undefined and
-    early stopping keeps the untrained model. Other rows (users with < 3 positives) -> "" (unused)."""
-    split = np.full(len(examples), "", dtype=object)
-    pos = examples[examples["click"] > 0].sort_values(["user_id", "ts", "cut"], kind="stable")
-    ranked = pos.groupby("user_id").cumcount(ascending=False)  # 0 = last positive
-    counts = pos.groupby("user_id")["click"].transform("size")
-    eligible = counts >= 3
-    split[pos.index[(ranked == 0) & eligible]] = "test"
-    split[pos.index[(ranked == 1) & eligible]] = "valid"
-    valid_ts = pos[(ranked == 1) & eligible].set_index("user_id")["ts"]
-    bound = examples["user_id"].map(valid_ts)
-    train = bound.notna() & (examples["ts"] < bound)
-    split[train.to_numpy()] = "train"
-    test_ts = pos[(ranked == 0) & eligible].set_index("user_id")["ts"]
-    upper = examples["user_id"].map(test_ts)
-    between = bound.notna() & (examples["ts"] > bound) & (examples["ts"] < upper) & (examples["click"] <= 0)
-    split[between.to_numpy()] = "valid"
-    return split.astype(str)
 
 
 # ----------------------------------------------------------------------------------------------- batching

@@ -17,25 +17,32 @@ import torch
 from tqdm import tqdm
 
 from gemflow.config import load_config, to_dict
-from models.config import RankerConfig, UserModelConfig
+from models.config import RankerConfig, SASRecConfig, UserModelConfig
 from models.data import BatchBuilder, DenseSpec, TrainingSet
 from models.layers import use_moe_ffn
 from models.ranker import Ranker
+from models.sequential.data import ItemAttributes
+from models.sequential.sasrec import SASRec
 from models.user_model import UserModel
+
+CONFIGS = {"user": UserModelConfig, "ranker": RankerConfig, "sasrec": SASRecConfig}
 
 MODEL_FILE = "model.pt"
 
 
 @dataclass
 class ModelBundle:
-    kind: str  # "user" | "ranker"
-    model: UserModel | Ranker
+    kind: str  # "user" | "ranker" | "sasrec"
+    model: UserModel | Ranker | SASRec
     vocab: dict[str, int]
     dense: DenseSpec
     user_token_dim: int
     version: str  # the run that trained it (cached embeddings carry it)
     user_model_version: str  # ranker: the user-model version its cached tokens came from
     moe: dict | None = None  # {"num_experts", "top_k"} when the blocks named "moe" in cfg.ffn are MoE
+    items: ItemAttributes | None = (
+        None  # user models that read item attributes: the table they were trained on
+    )
 
     @property
     def cfg(self):
@@ -43,10 +50,13 @@ class ModelBundle:
 
 
 def build_model(
-    kind: str, cfg, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0, moe: dict | None = None
-):
+    kind: str, cfg, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0, moe: dict | None = None,
+    items: ItemAttributes | None = None,
+):  # fmt: skip
+    if kind == "sasrec":
+        return SASRec(cfg, vocab)
     if kind == "user":
-        model = UserModel(cfg, vocab, num_dense)
+        model = UserModel(cfg, vocab, num_dense, items)
         if moe and "moe" in cfg.ffn:
             use_moe_ffn(model.blocks, cfg.ffn, moe["num_experts"], moe["top_k"])
         return model
@@ -64,6 +74,8 @@ def save_bundle(path: Path, bundle: ModelBundle, state_dict: dict[str, torch.Ten
         "user_model_version": bundle.user_model_version,
         "state_dict": state_dict if state_dict is not None else bundle.model.state_dict(),
     }
+    if bundle.items is not None:
+        payload["item_attributes"] = bundle.items.to_payload()
     if bundle.moe:
         payload["moe"] = {"num_experts": int(bundle.moe["num_experts"]), "top_k": int(bundle.moe["top_k"])}
     atomic_save(payload, path)
@@ -76,18 +88,18 @@ def load_bundle(path: str | Path) -> ModelBundle:
     if not path.exists():
         raise FileNotFoundError(f"no trained model at {path} (train one with `gemflow train`)")
     payload = torch.load(path, map_location="cpu", weights_only=True)
-    cls = UserModelConfig if payload["kind"] == "user" else RankerConfig
-    cfg = load_config(cls, None, payload["config"])
+    cfg = load_config(CONFIGS[payload["kind"]], None, payload["config"])
     dense = DenseSpec(**payload["dense"])
     moe = payload.get("moe")
+    items = ItemAttributes(**payload["item_attributes"]) if "item_attributes" in payload else None
     model = build_model(
-        payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"], moe
+        payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"], moe, items
     )
     model.load_state_dict(payload["state_dict"])
     model.eval()
     return ModelBundle(
         payload["kind"], model, payload["vocab"], dense, payload["user_token_dim"], payload["version"],
-        payload["user_model_version"], moe,
+        payload["user_model_version"], moe, items,
     )  # fmt: skip
 
 

@@ -30,6 +30,19 @@ def segment_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return out / lengths(offsets).clamp(min=1)[:, None].to(values.dtype)
 
 
+def segment_cumulative_mean(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(total, d) -> (total, d): row i is the mean of its sequence's rows up to and including i (causal)."""
+    if values.shape[0] == 0:
+        return values
+    csum = torch.cumsum(values, 0)
+    seg = segment_ids(offsets)
+    before = torch.cat([values.new_zeros(1, values.shape[-1]), csum])[offsets[:-1]][
+        seg
+    ]  # sums of earlier seqs
+    count = torch.arange(values.shape[0], device=values.device) - offsets[:-1][seg] + 1
+    return (csum - before) / count[:, None].to(values.dtype)
+
+
 def segment_softmax(scores: torch.Tensor, seg: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Softmax of (total,) scores within each segment."""
     top = scores.new_full((num_segments,), float("-inf")).scatter_reduce(0, seg, scores, "amax")

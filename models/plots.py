@@ -57,3 +57,26 @@ def calibration_plot(labels: np.ndarray, preds: np.ndarray, path: Path, bins: in
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def ranking_curve_plot(history: list[dict[str, float]], metric: str, path: Path) -> Path:
+    """The selection metric (e.g. valid NDCG@10, sampled lists) and its full-ranking twin per epoch, with the
+    train loss; epoch 0 is the untrained model."""
+    epochs = [h["epoch"] for h in history]
+    full = metric.replace("valid_", "valid_full_", 1)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(epochs, [h.get(metric, np.nan) for h in history], "o-", label=f"{metric} (99 sampled)")
+    ax.plot(epochs, [h.get(full, np.nan) for h in history], "s--", label=f"{metric} (all items)")
+    trained = [h for h in history if "train_loss" in h]
+    if trained:
+        ax2 = ax.twinx()
+        ax2.plot([h["epoch"] for h in trained], [h["train_loss"] for h in trained], "^:", color="gray")
+        ax2.set_ylabel("train loss (gray)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric.removeprefix("valid_"))
+    ax.legend(loc="lower right")
+    ax.set_title("learning curve (leave-one-out, valid)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -48,15 +48,19 @@ class SparseArch(nn.Module):
         self.ec = EmbeddingCollection(tables=tables, device=torch.device("cpu"))
         self.reset_parameters(dim)
 
-    def reset_parameters(self, dim: int) -> None:
-        """Each table starts in its own block of dimensions. A token that sums several fields (an event, a
-        candidate) then starts as their concatenation, and the dot product of two such tokens counts the fields
-        whose ids agree, instead of being buried under random cross-field terms. Training mixes freely."""
+    def reset_parameters(self, dim: int, std: float = 0.0) -> None:
+        """``std`` 0: each table starts in its own block of dimensions. A token that sums several fields (an
+        event, a candidate) then starts as their concatenation, and the dot product of two such tokens counts
+        the fields whose ids agree, instead of being buried under random cross-field terms. Training mixes
+        freely. ``std`` > 0: every row N(0, std) over all dimensions."""
         names = list(self.sizes)
         for i, table in enumerate(names):
             weight = self.table(table)
             lo, hi = i * dim // len(names), (i + 1) * dim // len(names)
             with torch.no_grad():
+                if std > 0:
+                    weight.normal_(std=std)
+                    continue
                 weight.zero_()
                 weight[:, lo:hi].normal_(std=1.0)
 
@@ -113,7 +117,9 @@ class EventTokenizer(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, emb: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
-        tokens = sum(emb[f"{prefix}_{f}"] for f in (*EVENT_ID_FIELDS, GAP_TABLE))
+        """Fields missing from ``emb`` are left out; ``<prefix>_attributes`` (item attributes) is added when given."""
+        fields = (*EVENT_ID_FIELDS, GAP_TABLE, "attributes")
+        tokens = sum(emb[f"{prefix}_{f}"] for f in fields if f"{prefix}_{f}" in emb)
         return self.norm(tokens)
 
 

@@ -1,8 +1,16 @@
 """Single-process training of the user model or the ranker (``gemflow train --model user|ranker``).
 
-One epoch = one shuffled pass over the train split (order fixed by ``seed + epoch``), then an evaluation on the
-valid split; early stopping on validation click NE. Sparse embedding rows are updated by a fused row-wise
-Adagrad inside backward (torchrec ``apply_optimizer_in_backward``); dense parameters by AdamW.
+One loop, two tasks (``Task``): what a batch is, its loss, and how a split is judged.
+- ``ClickTask`` (labelled impressions; the user model's click objective and the ranker): one epoch is a shuffled
+  pass over the train examples; the best epoch is the lowest validation click NE.
+- ``NextItemTask`` (``models.sequential``; positive-only logs split leave-one-out; the user model's next-item
+  objective and the SASRec baseline): one epoch is one train prefix per user; the best epoch is the highest
+  validation NDCG@10 of the leave-one-out protocol (NE is undefined without negatives).
+One epoch = one pass (order fixed by ``seed + epoch``), then an evaluation on the valid split; early stopping
+after ``optim.patience`` epochs without improvement. Sparse embedding rows are updated by a fused row-wise
+Adagrad inside backward (torchrec ``apply_optimizer_in_backward``), dense parameters by AdamW; the next-item
+task trains its embeddings with AdamW too (under row-wise Adagrad at the click task's rates they barely left
+their random start).
 A checkpoint (model, both optimizers, epoch/step, RNG, early-stopping state, MLflow run id) is written
 atomically after every epoch; rerunning the same command resumes from it. Outputs in the run folder:
 ``model.pt`` (best weights), ``checkpoint.pt``, ``config.yaml``, ``metrics.json``, ``history.json``, plots.
@@ -14,7 +22,7 @@ import json
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +33,7 @@ from tqdm import tqdm
 
 from gemflow.config import save_config
 from gemflow.workspace import Workspace
-from models.config import TrainRunConfig, validate
+from models.config import TrainRunConfig, resolve_user_model, validate
 from models.data import SNAPSHOTS, BatchBuilder, DenseSpec, TrainingSet, leave_one_out_split
 from models.inference import (
     ModelBundle,
@@ -83,7 +91,14 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
     """
     validate(cfg)
     seed_everything(cfg.optim.seed)
-    data = TrainingSet(resolve_training_set(cfg.training_set, ws), require_ranker=cfg.model == "ranker")
+    path = resolve_training_set(cfg.training_set, ws)
+    if cfg.model == "user":
+        if resolve_objective(cfg, path) != "click":
+            raise ValueError(
+                f"{path}: the next-item objective trains in one process (`gemflow train` without --nproc)"
+            )
+        cfg = replace(cfg, user_model=resolve_user_model(cfg.user_model, leave_one_out=False))
+    data = TrainingSet(path, require_ranker=cfg.model == "ranker")
     if cfg.split_mode == "leave_one_out":
         data.examples["split"] = leave_one_out_split(data.examples)
     train_rows, valid_rows, test_rows = (data.split_rows(s) for s in ("train", "valid", "test"))
@@ -122,6 +137,15 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
     init_output_bias(model, data.labels(train_rows).numpy().mean(0))
     bundle = ModelBundle(cfg.model, model, data.vocab, dense, token_dim, "", user_model_version)
     return Setup(data, builder, bundle, train_rows, valid_rows, test_rows)
+
+
+def resolve_objective(cfg: TrainRunConfig, path: Path) -> str:
+    """The user model's objective: as configured, or for "auto" next_item on a set split leave-one-out."""
+    if cfg.user_model.objective != "auto":
+        return cfg.user_model.objective
+    manifest = path / "manifest.json"
+    split = json.loads(manifest.read_text()).get("split", "time") if manifest.exists() else "time"
+    return "next_item" if split == "leave-one-out" else "click"
 
 
 def init_output_bias(model: nn.Module, rates: np.ndarray) -> None:
@@ -180,12 +204,17 @@ def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
     return sparse, [p for p in model.parameters() if id(p) not in ids]
 
 
-def make_optimizers(model: nn.Module, cfg) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+def make_optimizers(
+    model: nn.Module, cfg, *, sparse_in_backward: bool = True
+) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+    """(tables updated in backward by row-wise Adagrad, AdamW over the rest); with ``sparse_in_backward``
+    False every parameter, the tables included, is AdamW's."""
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    sparse, dense = split_parameters(model)
-    apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": cfg.sparse_lr})
+    sparse, dense = split_parameters(model) if sparse_in_backward else ([], list(model.parameters()))
+    if sparse:
+        apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": cfg.sparse_lr})
     return sparse, torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -243,18 +272,69 @@ def run_dir_for(cfg: TrainRunConfig, ws: Workspace) -> Path:
     return Path(cfg.output_dir) if cfg.output_dir else ws.root / "models" / cfg.model / default_run_name(cfg)
 
 
+class ClickTask:
+    """Labelled impressions: click (+ conversion) heads, judged by validation click NE (lower is better)."""
+
+    select, higher_is_better, sparse_in_backward = "valid_ne", False, True
+
+    def __init__(self, cfg: TrainRunConfig, setup: Setup):
+        self.cfg, self.setup, self.bundle = cfg, setup, setup.bundle
+        self.rows = {"train": setup.train_rows, "valid": setup.valid_rows, "test": setup.test_rows}
+        self.num_train = len(setup.train_rows)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.cfg.optim.seed + epoch)
+        return list(
+            batches(self.setup.builder.epoch_order(self.setup.train_rows, rng), self.cfg.optim.batch_size)
+        )
+
+    def loss(self, rows: np.ndarray) -> torch.Tensor:
+        batch = self.setup.builder(rows)
+        logits, aux = self.bundle.model(batch)
+        return loss_fn(logits, batch.labels, aux, self.cfg)
+
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        return evaluate_rows(
+            model, self.setup.builder, self.rows[split], self.cfg.optim.eval_batch_size, f"{split}_"
+        )
+
+    def plots(self, model: nn.Module, history: list[dict], run_dir: Path) -> list[Path]:
+        from models.plots import calibration_plot, learning_curve_plot
+
+        valid_rows = self.setup.builder.grouped(self.setup.valid_rows)
+        probs = predict(model, self.setup.builder, valid_rows, self.cfg.optim.eval_batch_size)
+        labels = self.setup.data.labels(valid_rows).numpy()
+        return [
+            learning_curve_plot(history, run_dir / "learning_curve.png"),
+            calibration_plot(labels[:, 0], probs[:, 0], run_dir / "calibration.png"),
+        ]
+
+
+def make_task(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None):
+    """The task a run trains for: the next-item task for a user model (or SASRec) on a leave-one-out set whose
+    objective resolves to ``next_item``, else the click task."""
+    path = resolve_training_set(cfg.training_set, ws)
+    if cfg.model == "sasrec" or (cfg.model == "user" and resolve_objective(cfg, path) == "next_item"):
+        from models.sequential.task import NextItemTask
+
+        validate(cfg)
+        seed_everything(cfg.optim.seed)
+        return NextItemTask(cfg, path)
+    return ClickTask(cfg, prepare(cfg, ws, user_embeddings))
+
+
 def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None) -> TrainResult:
-    s = prepare(cfg, ws, user_embeddings)
-    model, oc = s.bundle.model, cfg.optim
+    task = make_task(cfg, ws, user_embeddings)
+    model, oc = task.bundle.model, cfg.optim
     run_dir = run_dir_for(cfg, ws)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
-    sparse, dense_opt = make_optimizers(model, oc)
+    sparse, dense_opt = make_optimizers(model, oc, sparse_in_backward=task.sparse_in_backward)
 
     state = {
         "epoch": 0,
         "step": 0,
-        "best_ne": math.inf,
+        "best": math.inf,
         "best_epoch": 0,
         "bad_epochs": 0,
         "history": [],
@@ -268,43 +348,43 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
         load_sparse_optimizer_state(sparse, ckpt["sparse_optimizer"])
         torch.set_rng_state(ckpt["rng"])
         state = ckpt["state"]
+        if "best_ne" in state:  # a checkpoint written before tasks chose their own metric
+            state["best"] = state.pop("best_ne")
         log.info("resumed %s at epoch %d step %d", run_dir, state["epoch"], state["step"])
 
     tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state["run_id"])
     state["run_id"] = tracker.run_id
-    s.bundle.version = tracker.run_id or run_dir.name
+    task.bundle.version = tracker.run_id or run_dir.name
     tracker.log_config(cfg)
-    tracker.log_params({"train_examples": len(s.train_rows), "valid_examples": len(s.valid_rows),
-                        "dense_features": ",".join(s.bundle.dense.columns) or "-"})  # fmt: skip
-    if s.bundle.user_model_version:
-        tracker.set_tags({"user_model_version": s.bundle.user_model_version})
+    tracker.log_params({"train_examples": task.num_train, "selection_metric": task.select,
+                        "dense_features": ",".join(task.bundle.dense.columns) or "-"})  # fmt: skip
+    if task.bundle.user_model_version:
+        tracker.set_tags({"user_model_version": task.bundle.user_model_version})
 
     if not state["history"]:  # epoch 0: the untrained model, the baseline every epoch must beat
-        initial = {"epoch": 0, **evaluate_rows(model, s.builder, s.valid_rows, oc.eval_batch_size, "valid_")}
+        initial = {"epoch": 0, **task.evaluate(model, "valid")}
         state["history"].append(initial)
         tracker.log_metrics(initial, step=0)
-        save_bundle(run_dir / "model.pt", s.bundle)
-        state["best_ne"] = initial["valid_ne"]
+        save_bundle(run_dir / "model.pt", task.bundle)
+        state["best"] = initial[task.select]
 
-    total_steps = oc.epochs * math.ceil(len(s.train_rows) / oc.batch_size)  # the schedule's horizon
+    def improved(value: float) -> bool:
+        return value > state["best"] if task.higher_is_better else value < state["best"]
+
+    total_steps = oc.epochs * math.ceil(task.num_train / oc.batch_size)  # the schedule's horizon
     try:
         while state["epoch"] < oc.epochs and state["bad_epochs"] < oc.patience:
             epoch = state["epoch"] + 1
             model.train()
-            order = s.builder.epoch_order(s.train_rows, np.random.default_rng(oc.seed + epoch))
             losses = []
-            for rows in tqdm(
-                list(batches(order, oc.batch_size)), desc=f"epoch {epoch}/{oc.epochs}", leave=False
-            ):
-                batch = s.builder(rows)
-                logits, aux = model(batch)
-                loss = loss_fn(logits, batch.labels, aux, cfg)
+            for batch in tqdm(task.epoch_batches(epoch), desc=f"epoch {epoch}/{oc.epochs}", leave=False):
+                loss = task.loss(batch)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
                         f"loss became {loss.item()} at step {state['step']} (lower optim.lr?)"
                     )
                 dense_opt.zero_grad(set_to_none=True)
-                loss.backward()  # embedding rows are updated here by the fused Adagrad
+                loss.backward()  # embedding rows are updated here by the fused Adagrad (click task)
                 if oc.grad_clip > 0:
                     nn.utils.clip_grad_norm_(
                         [p for g in dense_opt.param_groups for p in g["params"]], oc.grad_clip
@@ -319,13 +399,13 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
                         {"train_loss": float(np.mean(losses[-oc.log_every :]))}, step=state["step"]
                     )
             metrics = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else float("nan")}
-            metrics |= evaluate_rows(model, s.builder, s.valid_rows, oc.eval_batch_size, "valid_")
+            metrics |= task.evaluate(model, "valid")
             state["history"].append(metrics)
             tracker.log_metrics(metrics, step=epoch)
             log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in metrics.items()})
-            if metrics["valid_ne"] < state["best_ne"]:
-                state.update(best_ne=metrics["valid_ne"], best_epoch=epoch, bad_epochs=0)
-                save_bundle(run_dir / "model.pt", s.bundle)
+            if improved(metrics[task.select]):
+                state.update(best=metrics[task.select], best_epoch=epoch, bad_epochs=0)
+                save_bundle(run_dir / "model.pt", task.bundle)
             else:
                 state["bad_epochs"] += 1
             state["epoch"] = epoch
@@ -339,7 +419,7 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
                 },
                 ckpt_path,
             )
-        result = _finish(cfg, s, run_dir, state, tracker)
+        result = _finish(task, run_dir, state, tracker)
     except BaseException:
         tracker.end("FAILED")
         raise
@@ -347,26 +427,17 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
     return result
 
 
-def _finish(cfg, s: Setup, run_dir: Path, state: dict, tracker: Tracker) -> TrainResult:
+def _finish(task, run_dir: Path, state: dict, tracker: Tracker) -> TrainResult:
     """Reload the best weights, score valid and test, write metrics + plots next to the model."""
-    best = load_bundle(run_dir / "model.pt")
-    oc = cfg.optim
+    best = load_bundle(run_dir / "model.pt").model
     final = {"best_epoch": float(state["best_epoch"])}
-    final |= evaluate_rows(best.model, s.builder, s.valid_rows, oc.eval_batch_size, "valid_")
-    final |= evaluate_rows(best.model, s.builder, s.test_rows, oc.eval_batch_size, "test_")
-    final["initial_valid_ne"] = state["history"][0]["valid_ne"]
+    final |= task.evaluate(best, "valid")
+    final |= task.evaluate(best, "test")
+    final[f"initial_{task.select}"] = state["history"][0][task.select]
     (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
     (run_dir / "history.json").write_text(json.dumps(state["history"], indent=2))
     tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state["epoch"])
-    from models.plots import calibration_plot, learning_curve_plot
-
-    valid_rows = s.builder.grouped(s.valid_rows)
-    probs = predict(best.model, s.builder, valid_rows, oc.eval_batch_size)
-    labels = s.data.labels(valid_rows).numpy()
-    plots = [
-        learning_curve_plot(state["history"], run_dir / "learning_curve.png"),
-        calibration_plot(labels[:, 0], probs[:, 0], run_dir / "calibration.png"),
-    ]
+    plots = task.plots(best, state["history"], run_dir)
     for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
         tracker.log_artifact(path)
     return TrainResult(run_dir, final, state["history"], state["best_epoch"], tracker.run_id)

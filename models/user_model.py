@@ -8,6 +8,11 @@ Training head (``forward``): the candidate token attends over the K user tokens 
 click and conversion logits. Optional auxiliary loss: next-ad prediction on the history with a sampled softmax
 (causal attention, so position i sees only events <= i).
 Ablation ``pooling="mean"``: the user token is the mean of the history tokens (no attention at all).
+
+Next-item objective (``objective="next_item"``, positive-only logs): the state after each event, projected and
+normalized, scores every item by cosine / temperature (``sequence_states`` -> ``query`` . ``item_vectors``);
+the trainer puts a softmax over the catalog on it. With ``item_attributes="all"`` every attribute of an item
+(``items.parquet``) is mean-pooled into one more field of its event tokens and of its item vector.
 """
 
 from __future__ import annotations
@@ -18,7 +23,15 @@ from torch import nn
 
 from models.config import UserModelConfig
 from models.data import CANDIDATE_ID_FIELDS, Batch, Candidates, Events
-from models.layers import CrossAttention, TargetAwareBlock, TransformerBlock, mlp_head, segment_mean
+from models.layers import (
+    CrossAttention,
+    TargetAwareBlock,
+    TransformerBlock,
+    mlp_head,
+    segment_cumulative_mean,
+    segment_mean,
+)
+from models.sequential.data import ItemAttributes
 from models.tokenizer import GAP_TABLE, EventTokenizer, SparseArch, event_features, event_ids
 
 
@@ -27,7 +40,9 @@ def user_model_tables(cfg: UserModelConfig, vocab: dict[str, int]) -> dict[str, 
 
 
 class UserModel(nn.Module):
-    def __init__(self, cfg: UserModelConfig, vocab: dict[str, int], num_dense: int):
+    def __init__(
+        self, cfg: UserModelConfig, vocab: dict[str, int], num_dense: int, items: ItemAttributes | None = None
+    ):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
@@ -37,6 +52,17 @@ class UserModel(nn.Module):
             "user_id": "user_id",
         }
         self.sparse = SparseArch(features, user_model_tables(cfg, vocab), d)
+        if cfg.embedding_init == "normal":
+            self.sparse.reset_parameters(d, std=0.05)
+        self.items = items if cfg.item_attributes == "all" else None
+        if cfg.item_attributes == "all":
+            if items is None:
+                raise ValueError("user_model.item_attributes=all needs the training set's items.parquet")
+            for name, value in items.to_payload().items():  # saved in the bundle, not in the state dict
+                self.register_buffer(f"item_{name}", value, persistent=False)
+            self.register_buffer("item_attribute_matrix", items.mean_matrix(), persistent=False)
+            self.attributes = nn.Embedding(items.num_attributes, d)
+            nn.init.normal_(self.attributes.weight, std=0.05)
         self.events = EventTokenizer(d)
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -66,10 +92,59 @@ class UserModel(nn.Module):
         b = history.batch_size
         ones = torch.ones(b, dtype=torch.int64, device=user_id.device)
         emb = self.sparse({**event_ids("hist", history), "user_id": (user_id, ones)}, b)
+        if self.items is not None:
+            emb["hist_attributes"] = self.attribute_tokens(history.ad_id)
         x = self.events(emb, "hist")
         for block in self.blocks:
             x = block(x, history.offsets, history.ts)
         return self.norm(x), emb["user_id"]
+
+    # ------------------------------------------------------------------------------------- next item
+    @property
+    def num_items(self) -> int:
+        return self.sparse.table("ad_id").shape[0] - 1  # the last row is the out-of-vocabulary one
+
+    def attribute_table(self) -> torch.Tensor:
+        """(num_ads, d) every ad's mean attribute embedding (zeros for an ad without any): one sparse
+        (ads x attributes) matmul, cheaper forward and backward than a gather per token."""
+        return torch.sparse.mm(self.item_attribute_matrix, self.attributes.weight)
+
+    def attribute_tokens(self, ad_id: torch.Tensor) -> torch.Tensor:
+        table = self.attribute_table()
+        return F.embedding(ad_id.clamp(0, table.shape[0] - 1), table)
+
+    def sequence_states(self, history: Events, user_id: torch.Tensor) -> torch.Tensor:
+        """(total, d) what the user looks like right after each event (causal: events <= itself only)."""
+        if self.cfg.pooling == "mean":
+            b = history.batch_size
+            emb = self.sparse(event_ids("hist", history), b)
+            if self.items is not None:
+                emb["hist_attributes"] = self.attribute_tokens(history.ad_id)
+            return segment_cumulative_mean(self.events(emb, "hist"), history.offsets)
+        return self.history_states(history, user_id)[0]
+
+    def query(self, states: torch.Tensor) -> torch.Tensor:
+        """States -> next-item queries; a query . item vector is cosine / temperature."""
+        return F.normalize(self.next_proj(states), dim=-1) / self.cfg.next_item_temperature
+
+    def item_vectors(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(n, d) normalized item-side vectors of ``ids`` (every ad when None): the ad's own row, plus its
+        category, advertiser and attribute tokens where the model reads item attributes."""
+        table = self.sparse.table("ad_id")
+        if ids is None:
+            vec, known = table[: self.num_items], None  # a slice: no gather, no scatter in backward
+        else:
+            ids = ids.clamp(0, self.num_items)
+            vec, known = F.embedding(ids, table), ids.clamp(max=self.item_category.numel() - 1)
+        if self.items is not None:
+            pick = (lambda x: x) if known is None else (lambda x: x[known])
+            vec = (
+                vec
+                + F.embedding(pick(self.item_category), self.sparse.table("category_id"))
+                + F.embedding(pick(self.item_advertiser), self.sparse.table("advertiser_id"))
+                + pick(self.attribute_table())
+            )
+        return F.normalize(vec, dim=-1)
 
     def encode_user(self, history: Events, user_id: torch.Tensor) -> torch.Tensor:
         """(B, K, d) user tokens: the cached, candidate-independent user embedding."""

@@ -79,6 +79,9 @@ class InteractionFormat:
     default_age: int = 30  # for users without an age
     surface: str = "feed"
     unlabeled_action: str = "view"  # action of rows that carry neither label nor rating
+    # Every row is a positive (a purchase, a review, a play): one impression per row with click = 1 and no
+    # follow-up click event (it would only double every history without adding information).
+    positive_only: bool = False
     base_date: str = "2026-01-01"  # where synthetic timestamps start (order-only input): one per minute
     delimiter: str | None = None  # CSV delimiter; by default from the file extension
 
@@ -218,6 +221,10 @@ def _check_format(fmt: InteractionFormat, interactions, items, users) -> None:
         raise InteractionFormatError("give ts_col (timestamps) or order_col (order within the user)")
     if fmt.rating_col and not fmt.label_col and fmt.positive_rating is None:
         raise InteractionFormatError("rating_col needs positive_rating (label = rating >= it) or a label_col")
+    if fmt.positive_only and (fmt.label_col or fmt.rating_col):
+        raise InteractionFormatError(
+            "positive_only logs carry no label_col or rating_col: every row is positive"
+        )
     if fmt.strong_rating is not None and not fmt.rating_col:
         raise InteractionFormatError("strong_rating needs rating_col")
     if fmt.surface not in SURFACES:
@@ -332,6 +339,8 @@ def _labels(frame: pd.DataFrame, fmt: InteractionFormat) -> tuple[np.ndarray | N
         label = truthy
     elif rating is not None:
         label = rating >= fmt.positive_rating
+    elif fmt.positive_only:
+        label = np.ones(len(frame), dtype=bool)
     else:
         return None, None
     strong = label & (rating >= fmt.strong_rating) if fmt.strong_rating is not None else np.zeros_like(label)
@@ -346,6 +355,8 @@ def _events(fmt, user_id, item_id, ts_us, label, strong) -> pa.Table:
     else:
         action = np.full(n, ACTION_ID["impression"])
     clicked, converted = np.flatnonzero(label), np.flatnonzero(strong)
+    if fmt.positive_only:  # the impression carries the label; a click event would repeat it
+        clicked = converted = np.zeros(0, dtype=np.int64)
     rows = np.concatenate([np.arange(n), clicked, converted])
     ts = np.concatenate([ts_us, ts_us[clicked] + 1_000_000, ts_us[converted] + 2_000_000])
     actions = np.concatenate(

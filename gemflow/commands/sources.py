@@ -1,4 +1,5 @@
-"""Event-log source commands: ``generate`` (synthetic), ``import-movielens``, ``import-interactions``.
+"""Event-log source commands: ``generate`` (synthetic), ``import-movielens``, ``import-interactions``,
+``import-sequences``.
 
 Each writes raw day partitions into the workspace and records the config it used (and a summary) under
 ``<workspace>/raw/_runs/<source>-<time>/``; the summary is also printed as JSON.
@@ -118,6 +119,9 @@ def register(app: typer.Typer) -> None:
         label_col: Col = None,
         rating_col: Col = None,
         positive_rating: Annotated[float | None, typer.Option(help="label = rating >= this.")] = None,
+        positive_only: Annotated[
+            bool | None, typer.Option("--positive-only", help="Every row is a positive (no labels).")
+        ] = None,
         strong_rating: Annotated[float | None, typer.Option(help="rating >= this also converts.")] = None,
         attrs_col: Col = None,
         attr_sep: Annotated[
@@ -150,7 +154,7 @@ def register(app: typer.Typer) -> None:
         # Flags are applied as typed values, not parsed as YAML: separators like "|" or " " stay strings.
         flags = dict(
             user_col=user_col, item_col=item_col, ts_col=ts_col, ts_unit=ts_unit, order_col=order_col,
-            label_col=label_col, rating_col=rating_col, positive_rating=positive_rating,
+            label_col=label_col, rating_col=rating_col, positive_rating=positive_rating, positive_only=positive_only,
             strong_rating=strong_rating, item_attrs_col=attrs_col, attr_sep=_unescape(attr_sep),
             advertiser_col=advertiser_col, age_col=age_col, gender_col=gender_col, country_col=country_col,
             surface=surface, unlabeled_action=unlabeled_action, base_date=base_date, delimiter=_unescape(delimiter),
@@ -160,6 +164,35 @@ def register(app: typer.Typer) -> None:
             summary = run(
                 file, fmt, workspace(ws), items=items, users=users, source=source, progress=progress
             )
+        except ValueError as err:
+            raise _fail(err) from err
+        typer.echo(json.dumps(summary, indent=2))
+
+    @app.command("import-sequences")
+    def import_sequences(
+        file: Annotated[
+            Path, typer.Argument(help="One user per line: user item_1 ... item_n, oldest first (.gz ok).")
+        ],
+        ws: WorkspaceOpt = None,
+        item_attributes: Annotated[
+            Path | None, typer.Option(help='Item attributes, JSON {"item": [attribute, ...]} (.gz ok).')
+        ] = None,
+        base_date: Annotated[
+            str | None, typer.Option(help="Synthetic time of each user's first item (default 2026-01-01).")
+        ] = None,
+        progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    ) -> None:
+        """A positive-only sequence file (Amazon / S3-Rec style) -> raw day partitions (order-only times)."""
+        from features.sources.sequences import SEQUENCE_FORMAT
+        from features.sources.sequences import import_sequences as run
+
+        fmt = (
+            SEQUENCE_FORMAT
+            if base_date is None
+            else dataclasses.replace(SEQUENCE_FORMAT, base_date=base_date)
+        )
+        try:
+            summary = run(file, workspace(ws), item_attributes=item_attributes, fmt=fmt, progress=progress)
         except ValueError as err:
             raise _fail(err) from err
         typer.echo(json.dumps(summary, indent=2))

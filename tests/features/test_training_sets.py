@@ -36,7 +36,16 @@ def test_files_columns_and_manifest(landed):
     ws, events = landed
     manifest = build_training_set(ws, _config())
     out = ws.training("t")
-    assert sorted(manifest["files"]) == ["examples.parquet", "ranker.parquet", "sequences.parquet"]
+    assert sorted(manifest["files"]) == [
+        "examples.parquet",
+        "items.parquet",
+        "ranker.parquet",
+        "sequences.parquet",
+    ]
+    items = pq.read_table(out / "items.parquet").to_pandas()  # every ad of the last day, all its attributes
+    assert list(items.columns) == ["ad_id", "advertiser_id", "category_id", "categories"]
+    assert items["ad_id"].is_monotonic_increasing and set(events["ad_id"]) <= set(items["ad_id"])
+    assert all(c in list(cats) for c, cats in zip(items["category_id"], items["categories"], strict=True))
     examples = pq.read_table(out / "examples.parquet").to_pandas()
     sequences = pq.read_table(out / "sequences.parquet")
     assert list(examples.columns) == list(EXAMPLE_COLUMNS)

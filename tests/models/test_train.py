@@ -154,7 +154,7 @@ def test_bad_input_is_a_clear_error(ws):
     result = runner.invoke(
         app, ["train", "--model", "bert", "--training-set", "fx", "--workspace", str(ws.root)]
     )
-    assert result.exit_code == 2 and "model must be 'user' or 'ranker'" in result.output
+    assert result.exit_code == 2 and "model must be 'user', 'ranker' or 'sasrec'" in result.output
     result = runner.invoke(
         app,
         [

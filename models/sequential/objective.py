@@ -1,0 +1,49 @@
+"""The next-item loss: the state after an event scores the item that came next, against the catalog.
+
+- ``full``: softmax cross-entropy over every item (affordable on CPU for catalogs of tens of thousands:
+  positions x items x d multiply-adds per step);
+- ``sampled``: softmax over the positive and ``num_negatives`` items drawn uniformly, shared by the batch
+  (uniform sampling needs no log-q correction; a sampled negative equal to the target is masked);
+- ``bce``: SASRec's loss, binary cross-entropy of the positive and one uniform negative per position.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.config import NextItemConfig
+from models.sequential.data import TrainPairs
+
+LOSSES = ("auto", "full", "sampled", "bce")
+
+
+def resolve_loss(cfg: NextItemConfig, num_items: int) -> str:
+    if cfg.loss not in LOSSES:
+        raise ValueError(f"next_item.loss must be one of {LOSSES}, got {cfg.loss!r}")
+    if cfg.loss != "auto":
+        return cfg.loss
+    return "full" if num_items <= cfg.full_softmax_max_items else "sampled"
+
+
+def next_item_loss(model, batch: TrainPairs, loss: str, num_negatives: int) -> torch.Tensor:
+    """Mean loss over the batch's (source, target) pairs; ``model`` has sequence_states/query/item_vectors."""
+    if batch.targets.numel() == 0:
+        return model.query(model.sequence_states(batch.history, batch.user_id)).sum() * 0.0
+    states = model.sequence_states(batch.history, batch.user_id)
+    query = model.query(states[batch.sources])
+    targets = batch.targets
+    if loss == "full":
+        return F.cross_entropy(query @ model.item_vectors().T, targets)
+    catalog = model.num_items
+    if loss == "sampled":
+        negatives = torch.randint(0, catalog, (num_negatives,), device=query.device)
+        pos = (query * model.item_vectors(targets)).sum(-1, keepdim=True)
+        neg = (query @ model.item_vectors(negatives).T).masked_fill(negatives[None] == targets[:, None], -1e9)
+        return F.cross_entropy(torch.cat([pos, neg], 1), torch.zeros_like(targets))
+    if loss == "bce":
+        negatives = torch.randint(0, catalog, targets.shape, device=query.device)
+        pos = (query * model.item_vectors(targets)).sum(-1)
+        neg = (query * model.item_vectors(negatives)).sum(-1)
+        return F.softplus(-pos).mean() + F.softplus(neg).mean()
+    raise ValueError(f"unknown next-item loss {loss!r}")
