@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -376,7 +377,7 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
         while state["epoch"] < oc.epochs and state["bad_epochs"] < oc.patience:
             epoch = state["epoch"] + 1
             model.train()
-            losses = []
+            losses, started = [], time.perf_counter()
             for batch in tqdm(task.epoch_batches(epoch), desc=f"epoch {epoch}/{oc.epochs}", leave=False):
                 loss = task.loss(batch)
                 if not torch.isfinite(loss):
@@ -399,7 +400,9 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
                         {"train_loss": float(np.mean(losses[-oc.log_every :]))}, step=state["step"]
                     )
             metrics = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else float("nan")}
+            trained = time.perf_counter()
             metrics |= task.evaluate(model, "valid")
+            metrics |= {"train_seconds": trained - started, "eval_seconds": time.perf_counter() - trained}
             state["history"].append(metrics)
             tracker.log_metrics(metrics, step=epoch)
             log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in metrics.items()})

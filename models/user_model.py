@@ -76,7 +76,7 @@ class UserModel(nn.Module):
         self.summary_queries = nn.Parameter(torch.randn(k, d) * 0.05)
         self.summary = CrossAttention(d, cfg.num_heads, cfg.attention_backend)
         # training head: candidate -> target-aware attention over the user tokens -> click, conversion
-        self.cand_dense_proj = nn.Linear(num_dense, d)
+        self.cand_dense_proj = nn.Linear(num_dense, d) if num_dense else None  # next-item sets have none
         self.cand_norm = nn.LayerNorm(d)
         self.target = TargetAwareBlock(d, cfg.num_heads, cfg.ffn_mult, cfg.dropout, cfg.attention_backend)
         self.head = mlp_head(3 * d, 2 * d, 2, cfg.dropout)
@@ -94,7 +94,7 @@ class UserModel(nn.Module):
         emb = self.sparse({**event_ids("hist", history), "user_id": (user_id, ones)}, b)
         if self.items is not None:
             emb["hist_attributes"] = self.attribute_tokens(history.ad_id)
-        x = self.events(emb, "hist")
+        x = F.dropout(self.events(emb, "hist"), self.cfg.dropout, self.training)  # SASRec's embedding dropout
         for block in self.blocks:
             x = block(x, history.offsets, history.ts)
         return self.norm(x), emb["user_id"]
@@ -132,12 +132,16 @@ class UserModel(nn.Module):
         category, advertiser and attribute tokens where the model reads item attributes."""
         table = self.sparse.table("ad_id")
         if ids is None:
-            vec, known = table[: self.num_items], None  # a slice: no gather, no scatter in backward
+            vec = table[: self.num_items]  # a slice: no gather, no scatter in backward
         else:
             ids = ids.clamp(0, self.num_items)
-            vec, known = F.embedding(ids, table), ids.clamp(max=self.item_category.numel() - 1)
+            vec = F.embedding(ids, table)
         if self.items is not None:
-            pick = (lambda x: x) if known is None else (lambda x: x[known])
+            known = None if ids is None else ids.clamp(max=self.item_category.numel() - 1)
+
+            def pick(per_ad: torch.Tensor) -> torch.Tensor:
+                return per_ad if known is None else per_ad[known]
+
             vec = (
                 vec
                 + F.embedding(pick(self.item_category), self.sparse.table("category_id"))
@@ -170,7 +174,8 @@ class UserModel(nn.Module):
         emb = self.sparse(ids, batch_size)
         # like an event token: the sum of its id embeddings (one shared space), plus its dense features
         ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
-        return self.cand_norm(ids + self.cand_dense_proj(cands.dense))
+        dense = self.cand_dense_proj(cands.dense) if self.cand_dense_proj is not None else 0.0
+        return self.cand_norm(ids + dense)
 
     def score(self, user_tokens: torch.Tensor, cands: Candidates) -> torch.Tensor:
         """(N, 2) click/conversion logits of every candidate against its user's K tokens."""

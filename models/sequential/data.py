@@ -11,6 +11,7 @@ non-positives predict the next *positive* from wherever the user was.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,8 +81,14 @@ class ItemAttributes:
         """(num_ads, num_attributes) sparse CSR: row i averages ad i's attributes (an empty row: zeros)."""
         lengths = self.offsets[1:] - self.offsets[:-1]
         weights = (1.0 / lengths.clamp(min=1).float()).repeat_interleave(lengths)
+        rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        columns = torch.from_numpy(np.lexsort((self.values.numpy(), rows.numpy())))  # CSR: sorted per row
         shape = (self.offsets.numel() - 1, self.num_attributes)
-        return torch.sparse_csr_tensor(self.offsets, self.values, weights, shape)
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR @ dense is all we use
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse_csr_tensor(
+                self.offsets, self.values[columns], weights[columns], shape, check_invariants=True
+            )
 
     def to_payload(self) -> dict[str, torch.Tensor]:
         return {"values": self.values, "offsets": self.offsets, "category": self.category,

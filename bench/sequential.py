@@ -1,0 +1,257 @@
+"""Next-item recommendation on a positive-only log: every model, several seeds, one table.
+
+    .venv/bin/python bench/sequential.py --workspace /tmp/toys --training-set toys --seeds 0,1,2 \
+        --docs docs/model-results-sequential.md
+
+Every model trains through ``gemflow train`` (``models.train.train``) on the same leave-one-out split and is
+ranked on the same lists (``next_item.eval_seed``: 99 items the user never touched, sampled once) and against
+the whole catalog:
+
+    popularity        train-positive counts (no training)
+    sasrec            SASRec as published: 2 blocks, d 64, 1 head, max length 50, dropout, learned positions,
+                      binary cross-entropy with one sampled negative per position (the paper's loss)
+    sasrec_ce         the same network with the full softmax cross-entropy the gemflow model uses
+    mean_pooling      the gemflow user model with its attention removed: causal mean of the event tokens
+    gemflow           the gemflow user model: jagged causal transformer (relative position / time biases), item
+                      attributes tokenized into every event and into the item side, full softmax
+    gemflow_ids_only  the same without item attributes (the attribute ablation)
+
+The base config is ``configs/sequential.yaml``; ``--set`` overrides apply to every trained model. The table
+(mean +- sample std over seeds), per-model parameters and time, and a plot go to ``--json`` / ``--docs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gemflow.config import load_config  # noqa: E402
+from gemflow.workspace import Workspace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {
+    "popularity": None,
+    "sasrec": {"model": "sasrec", "next_item.loss": "bce"},
+    "sasrec_ce": {"model": "sasrec", "next_item.loss": "full"},
+    "mean_pooling": {"model": "user", "user_model.pooling": "mean"},
+    "gemflow": {"model": "user"},
+    "gemflow_ids_only": {"model": "user", "user_model.item_attributes": "none"},
+}
+METRICS = ("hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10", "mrr")
+PROTOCOLS = {"sampled": "", "full": "full_"}  # 1 + 99 sampled items | every item
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r} must look like key=value")
+        out[key.strip()] = value
+    return out
+
+
+def popularity_row(cfg, ws: Workspace) -> dict:
+    """Popularity on the same split and lists as the trained models."""
+    from models.data import TrainingSet
+    from models.sequential.data import SequenceSet
+    from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split
+    from models.train import resolve_training_set
+
+    start = time.perf_counter()
+    seqs = SequenceSet(TrainingSet(resolve_training_set(cfg.training_set, ws)), 1, 0)
+    negatives = negative_lists(seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
+    out = rank_split(popularity_scorer(seqs), seqs, "test", negatives, prefix="test_")
+    return {**out, "parameters": 0, "train_seconds": 0.0, "seconds": time.perf_counter() - start}
+
+
+def trained_row(cfg, ws: Workspace) -> dict:
+    from models.inference import load_bundle
+    from models.train import train
+
+    start, cpu = time.perf_counter(), time.process_time()
+    result = train(cfg, ws)
+    epochs = [h for h in result.history if "train_seconds" in h]
+    model = load_bundle(result.run_dir).model
+    return {
+        **result.metrics,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "epochs": len(epochs),
+        "train_seconds": sum(h["train_seconds"] for h in epochs),
+        "eval_seconds": sum(h["eval_seconds"] for h in epochs),
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu,
+        "run_dir": str(result.run_dir),
+    }
+
+
+def run_seed(args, seed: int, overrides: dict[str, str]) -> dict[str, dict]:
+    from models.config import TrainRunConfig
+
+    ws = Workspace(Path(args.workspace).resolve())
+    rows = {}
+    for name in args.models:
+        cfg = load_config(
+            TrainRunConfig,
+            args.config,
+            {
+                "training_set": args.training_set,
+                "tracking.enabled": "false",
+                "resume": "false",
+                "optim.seed": str(seed),
+                "output_dir": str(ws.root / "sequential" / f"seed{seed}" / name),
+                **(MODELS[name] or {}),
+                **overrides,
+            },
+        )
+        rows[name] = popularity_row(cfg, ws) if MODELS[name] is None else trained_row(cfg, ws)
+        m = rows[name]
+        print(
+            f"# seed {seed} {name:<16} test HR@10 {m['test_hr@10']:.4f} NDCG@10 {m['test_ndcg@10']:.4f} | "
+            f"full HR@10 {m['test_full_hr@10']:.4f} NDCG@10 {m['test_full_ndcg@10']:.4f} | "
+            f"{m.get('epochs', 0)} epochs, {m['seconds']:.0f} s",
+            flush=True,
+        )
+    return rows
+
+
+def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
+    """Mean and sample std over seeds of every test metric, and the per-seed comparisons of record."""
+    names = list(next(iter(per_seed.values())))
+    table = {}
+    for name in names:
+        table[name] = {}
+        for protocol, prefix in PROTOCOLS.items():
+            for metric in METRICS:
+                values = np.array([r[name][f"test_{prefix}{metric}"] for r in per_seed.values()])
+                table[name][f"{protocol}_{metric}"] = {
+                    "mean": float(values.mean()),
+                    "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+                    "per_seed": values.tolist(),
+                }
+        for key in ("parameters", "epochs", "train_seconds", "eval_seconds", "seconds"):
+            table[name][key] = float(np.mean([r[name].get(key, 0.0) for r in per_seed.values()]))
+    wins = {}
+    for baseline in ("sasrec", "sasrec_ce", "mean_pooling", "popularity"):
+        if "gemflow" in names and baseline in names:
+            wins[f"gemflow > {baseline}"] = {
+                f"{protocol}_{metric}": all(
+                    r["gemflow"][f"test_{prefix}{metric}"] > r[baseline][f"test_{prefix}{metric}"]
+                    for r in per_seed.values()
+                )
+                for protocol, prefix in PROTOCOLS.items()
+                for metric in ("hr@10", "ndcg@10")
+            }
+    return {"seeds": sorted(per_seed), "table": table, "every_seed": wins}
+
+
+def markdown(summary: dict, title: str, command: str) -> str:
+    seeds = summary["seeds"]
+    lines = [
+        f"### {title}",
+        "",
+        f"`{command}`; seeds {seeds}, mean ± sample std over seeds, test split (each user's last item).",
+        "",
+    ]
+    for protocol, label in (("sampled", "1 positive + 99 sampled negatives"), ("full", "every item")):
+        lines += [f"**{label}**", "", "| model | " + " | ".join(m.upper() for m in METRICS) + " |"]
+        lines.append("|---|" + "---:|" * len(METRICS))
+        for name, row in summary["table"].items():
+            cells = [
+                f"{row[f'{protocol}_{m}']['mean']:.4f} ± {row[f'{protocol}_{m}']['std']:.4f}" for m in METRICS
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [
+        "| model | parameters | epochs | train s | eval s | wall s (train + eval) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in summary["table"].items():
+        lines.append(
+            f"| {name} | {row['parameters']:,.0f} | {row['epochs']:.1f} | {row['train_seconds']:.0f} | "
+            f"{row['eval_seconds']:.0f} | {row['seconds']:.0f} |"
+        )
+    lines.append("")
+    for label, checks in summary["every_seed"].items():
+        held = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items())
+        lines.append(f"- {label} in every seed: {held}")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Path, key: str, section: str) -> None:
+    """Replace (or append) the section between ``<!-- sequential:key -->`` markers."""
+    begin, end = f"<!-- sequential:{key} -->", f"<!-- /sequential:{key} -->"
+    text = path.read_text() if path.exists() else "# Next-item recommendation on positive-only logs\n"
+    block = f"{begin}\n{section}{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def plot(summary: dict, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary["table"])
+    panels = [("sampled", "hr@10"), ("sampled", "ndcg@10"), ("full", "hr@10"), ("full", "ndcg@10")]
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
+    for ax, (protocol, metric) in zip(axes, panels, strict=True):
+        stats = [summary["table"][n][f"{protocol}_{metric}"] for n in names]
+        ax.bar(range(len(names)), [s["mean"] for s in stats], yerr=[s["std"] for s in stats], capsize=3,
+               color=["#1f77b4" if n.startswith("gemflow") else "#999999" for n in names])  # fmt: skip
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(f"{metric.upper()} ({'99 sampled' if protocol == 'sampled' else 'all items'})")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workspace", required=True)
+    p.add_argument("--training-set", required=True, help="name under <workspace>/training/ or a folder")
+    p.add_argument("--config", default=str(ROOT / "configs" / "sequential.yaml"))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--set", action="append", default=[], help="key=value for every trained model")
+    p.add_argument("--title", default="", help="section title (default: the training set's name)")
+    p.add_argument("--json", help="write the per-seed rows and the summary here")
+    p.add_argument("--docs", help="write the table into this markdown file (its section for this set)")
+    args = p.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        p.error(f"unknown model(s) {sorted(unknown)}; choose from {list(MODELS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    overrides = parse_overrides(args.set)
+    title = args.title or Path(args.training_set).name
+    command = "bench/sequential.py " + " ".join(sys.argv[1:])
+    per_seed: dict[int, dict] = {}
+    for seed in seeds:  # the JSON is rewritten after each seed: a stop keeps what finished
+        per_seed[seed] = run_seed(args, seed, overrides)
+        out = {"per_seed": per_seed, "summary": summarize(per_seed)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2, default=float))
+    section = markdown(out["summary"], title, command)
+    print("\n" + section)
+    if args.docs:
+        image = Path(args.docs).parent / "img" / f"sequential-{title}.png"
+        plot(out["summary"], title, image)
+        write_docs(Path(args.docs), title, section + f"\n![{title}](img/{image.name})\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Leave-one-out ranking: the metric formulas, the fixed negative lists, sampled and full ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.data import TrainingSet
+from models.sequential.data import SequenceSet
+from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split, ranks_to_metrics
+
+
+@pytest.fixture(scope="module")
+def seqs(loo_set) -> SequenceSet:
+    ws, name = loo_set
+    return SequenceSet(TrainingSet(ws.training(name)), max_len=8, time_buckets=16)
+
+
+def test_metric_formulas():
+    m = ranks_to_metrics(np.array([0, 1, 4, 9, 10, 50]))
+    assert m["hr@1"] == pytest.approx(1 / 6) and m["hr@5"] == pytest.approx(3 / 6)
+    assert m["hr@10"] == pytest.approx(4 / 6)
+    assert m["ndcg@10"] == pytest.approx((1 + 1 / np.log2(3) + 1 / np.log2(6) + 1 / np.log2(11)) / 6)
+    assert m["mrr"] == pytest.approx(np.mean([1, 1 / 2, 1 / 5, 1 / 10, 1 / 11, 1 / 51]))
+
+
+def test_negative_lists_are_fixed_and_never_touched(seqs):
+    first = negative_lists(seqs, 20, seed=3)
+    assert np.array_equal(first, negative_lists(seqs, 20, seed=3))
+    assert not np.array_equal(first, negative_lists(seqs, 20, seed=4))
+    for u in range(seqs.num_users):
+        assert len(set(first[u])) == 20 and not set(first[u]) & set(seqs.seen_items(u).tolist())
+
+
+def test_oracle_ranks_first_and_a_constant_scorer_last(seqs):
+    negatives = negative_lists(seqs, 20, seed=0)
+    num_items = seqs.data.vocab["ad_id"]
+
+    def oracle(users, split):
+        scores = torch.zeros(len(users), num_items)
+        scores[torch.arange(len(users)), torch.from_numpy(seqs.targets(split)[users])] = 1.0
+        return scores
+
+    best = rank_split(oracle, seqs, "test", negatives, batch_users=7)
+    assert best["hr@1"] == 1.0 and best["full_hr@1"] == 1.0 and best["mrr"] == 1.0
+    tied = rank_split(lambda users, split: torch.zeros(len(users), num_items), seqs, "test", negatives)
+    assert tied["hr@10"] == 0.0 and tied["full_hr@10"] == 0.0  # ties count against the model
+    pop = rank_split(popularity_scorer(seqs), seqs, "valid", negatives, prefix="valid_")
+    assert 0.0 <= pop["valid_hr@10"] <= 1.0 and pop["valid_users"] == seqs.num_users
