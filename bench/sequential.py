@@ -230,6 +230,12 @@ def main() -> None:
     p.add_argument("--title", default="", help="section title (default: the training set's name)")
     p.add_argument("--json", help="write the per-seed rows and the summary here")
     p.add_argument("--docs", help="write the table into this markdown file (its section for this set)")
+    p.add_argument(
+        "--merge",
+        default="",
+        help="comma-separated JSON files of earlier runs (e.g. one seed each, run in parallel): train nothing, "
+        "summarize their seeds together",
+    )
     args = p.parse_args()
     args.models = [m for m in args.models.split(",") if m]
     unknown = set(args.models) - set(MODELS)
@@ -240,11 +246,16 @@ def main() -> None:
     title = args.title or Path(args.training_set).name
     command = "bench/sequential.py " + " ".join(sys.argv[1:])
     per_seed: dict[int, dict] = {}
-    for seed in seeds:  # the JSON is rewritten after each seed: a stop keeps what finished
+    for path in filter(None, args.merge.split(",")):
+        per_seed |= {int(k): v for k, v in json.loads(Path(path).read_text())["per_seed"].items()}
+    for seed in [] if args.merge else seeds:  # the JSON is rewritten after each seed: a stop keeps the rest
         per_seed[seed] = run_seed(args, seed, overrides)
-        out = {"per_seed": per_seed, "summary": summarize(per_seed)}
         if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=2, default=float))
+            Path(args.json).write_text(json.dumps({"per_seed": per_seed, "summary": summarize(per_seed)},
+                                                  indent=2, default=float))  # fmt: skip
+    out = {"per_seed": per_seed, "summary": summarize(per_seed)}
+    if args.json and args.merge:
+        Path(args.json).write_text(json.dumps(out, indent=2, default=float))
     section = markdown(out["summary"], title, command)
     print("\n" + section)
     if args.docs:

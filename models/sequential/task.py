@@ -18,8 +18,6 @@ from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
 from models.sequential.evaluate import model_scorer, negative_lists, rank_split
 from models.sequential.objective import next_item_loss, resolve_loss
 
-BUCKET_BATCHES = 32  # length-sorted chunks of this many batches: little padding, still a shuffled order
-
 
 class NextItemTask:
     higher_is_better, sparse_in_backward = True, False  # embeddings train with AdamW (see models.train)
@@ -46,19 +44,12 @@ class NextItemTask:
         self.num_train = self.seqs.num_users
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """Users in batches of ``optim.batch_size``: shuffled, then sorted by length within chunks of
-        ``BUCKET_BATCHES`` batches (a batch's sequences have similar lengths), batches shuffled again."""
-        rng = np.random.default_rng(self.cfg.optim.seed + epoch)
+        """Shuffled users in batches of ``optim.batch_size``. (Length-sorted batches pad SASRec less but cost the
+        user model ~0.04 valid HR@10 on Toys at equal epochs: every batch weighs the same, so short users
+        would count far more per target.)"""
+        users = np.random.default_rng(self.cfg.optim.seed + epoch).permutation(self.seqs.num_users)
         size = self.cfg.optim.batch_size
-        users = rng.permutation(self.seqs.num_users)
-        lengths = np.minimum(self.seqs.train_cut[users], self.seqs.max_len)
-        chunk = size * BUCKET_BATCHES
-        out = []
-        for start in range(0, len(users), chunk):
-            part = users[start : start + chunk]
-            part = part[np.argsort(lengths[start : start + chunk], kind="stable")]
-            out += [part[i : i + size] for i in range(0, len(part), size)]
-        return [out[i] for i in rng.permutation(len(out))]
+        return [users[i : i + size] for i in range(0, len(users), size)]
 
     def loss(self, users: np.ndarray) -> torch.Tensor:
         batch: TrainPairs = self.seqs.train_batch(users)
