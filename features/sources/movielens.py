@@ -5,12 +5,14 @@ SOURCE.md: research use only, never copied into this repository). Mapping: every
 ``feed`` surface; rating >= 4 is a click (55,375 of 100,000), rating == 5 also a conversion; the genres are the
 ad's categories (the first genre is ``category_id``), the release year is the ``advertiser_id`` (0 for the
 two items without a usable year); age, gender and occupation (as ``country``) form the user profile. Ages under 13 (the youngest
-rater is 7) are clipped to the contract's 13. Day partitions span 1997-09-20 .. 1998-04-22.
+rater is 7) are clipped to the contract's 13. Day partitions span 1997-09-20 .. 1998-04-22. ``positive_only``: every
+rating is one positive interaction (the sequential-recommendation reading of the set), no labels.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +62,19 @@ def load(data_dir: Path = DEFAULT_DIR) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def import_movielens(ws: Workspace, data_dir: Path = DEFAULT_DIR, *, progress: bool = True) -> dict[str, Any]:
+# The sequential-recommendation reading (SASRec, BERT4Rec): every rating is an interaction, whatever its value.
+POSITIVE_ONLY_FORMAT = dataclasses.replace(
+    MOVIELENS_FORMAT, rating_col=None, positive_rating=None, strong_rating=None, positive_only=True
+)
+
+
+def import_movielens(
+    ws: Workspace, data_dir: Path = DEFAULT_DIR, *, progress: bool = True, positive_only: bool = False
+) -> dict[str, Any]:
     tables = load(data_dir)
     return import_interactions(
         tables["inter"],
-        MOVIELENS_FORMAT,
+        POSITIVE_ONLY_FORMAT if positive_only else MOVIELENS_FORMAT,
         ws,
         items=tables["item"],
         users=tables["user"],

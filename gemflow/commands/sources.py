@@ -86,13 +86,19 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="Folder with ml-100k.{inter,item,user}.gz (default ../shared/data)."),
         ] = None,
         progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+        positive_only: Annotated[
+            bool,
+            typer.Option("--positive-only", help="Every rating is one positive interaction (no labels)."),
+        ] = False,
     ) -> None:
         """MovieLens-100K -> raw day partitions, through the generic importer (research use only)."""
         from features.sources.movielens import DEFAULT_DIR
         from features.sources.movielens import import_movielens as run
 
         try:
-            summary = run(workspace(ws), data_dir or DEFAULT_DIR, progress=progress)
+            summary = run(
+                workspace(ws), data_dir or DEFAULT_DIR, progress=progress, positive_only=positive_only
+            )
         except (ValueError, FileNotFoundError) as err:
             raise _fail(err) from err
         typer.echo(json.dumps(summary, indent=2))

@@ -2,7 +2,8 @@
 
 Aliases, not stages (deprecated since MLflow 2.9): every new version becomes ``@challenger``; the gate moves
 ``@champion`` only when NE improves by a set relative margin and calibration stays in bounds. Each decision and
-its figures are written as version tags, so the registry itself explains why a version is (not) serving.
+its figures are written as version tags, so the registry itself explains why a version is (not) serving. Next-item
+models (positive-only logs) have no NE: they are compared on leave-one-out NDCG@10, with no calibration bound.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ Evaluate = Callable[
 @dataclass
 class GateConfig:
     min_relative_ne_gain: float = 0.002  # challenger NE <= champion NE * (1 - gain)
+    # next-item models (positive-only logs, no NE): challenger NDCG@10 >= champion NDCG@10 * (1 + gain)
+    min_relative_ndcg_gain: float = 0.002
     calibration_low: float = 0.8  # mean prediction / observed rate
     calibration_high: float = 1.25
 
@@ -45,6 +48,8 @@ def champion_version(client: MlflowClient, name: str) -> str | None:
 
 
 def decide(metrics: dict[str, float], champion: dict[str, float] | None, cfg: GateConfig) -> tuple[bool, str]:
+    if "ne" not in metrics:
+        return _decide_ranking(metrics, champion, cfg)
     cal = metrics["calibration"]
     if not cfg.calibration_low <= cal <= cfg.calibration_high:
         return False, f"calibration {cal:.3f} outside [{cfg.calibration_low}, {cfg.calibration_high}]"
@@ -57,6 +62,24 @@ def decide(metrics: dict[str, float], champion: dict[str, float] | None, cfg: Ga
             f"NE {metrics['ne']:.5f} does not beat champion {champion['ne']:.5f} (needs <= {needed:.5f})",
         )
     return True, f"NE {metrics['ne']:.5f} beats champion {champion['ne']:.5f}"
+
+
+def _decide_ranking(metrics: dict[str, float], champion: dict[str, float] | None, cfg: GateConfig):
+    """Next-item models are judged by leave-one-out NDCG@10 (99 sampled negatives): higher is better."""
+    if "ndcg@10" not in metrics:
+        raise ValueError(
+            f"the gate needs 'ne' (click models) or 'ndcg@10' (next-item models), got {sorted(metrics)}"
+        )
+    if champion is None:
+        return True, "no champion yet"
+    if "ndcg@10" not in champion:
+        return False, "the champion is a click model and the challenger a next-item model: not comparable"
+    needed = champion["ndcg@10"] * (1.0 + cfg.min_relative_ndcg_gain)
+    if metrics["ndcg@10"] < needed:
+        return False, (
+            f"NDCG@10 {metrics['ndcg@10']:.5f} does not beat champion {champion['ndcg@10']:.5f} (needs >= {needed:.5f})"
+        )
+    return True, f"NDCG@10 {metrics['ndcg@10']:.5f} beats champion {champion['ndcg@10']:.5f}"
 
 
 def run_gate(

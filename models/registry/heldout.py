@@ -9,16 +9,25 @@ from models.inference import predict
 from models.metrics import binary_metrics
 from models.registry.logging import load_registered
 from models.registry.scoring import batch_builder
+from models.sequential.evaluate import is_next_item, next_item_metrics
 
 
 def heldout_metrics(
     model_uri: str, data: TrainingSet, split: str = "test", batch_size: int = 1024
 ) -> dict[str, float]:
-    """NE, AUC and calibration of the click head (plus ``conversion_*``) on ``split``."""
+    return bundle_metrics(load_registered(model_uri), data, split, batch_size)
+
+
+def bundle_metrics(
+    bundle, data: TrainingSet, split: str = "test", batch_size: int = 1024
+) -> dict[str, float]:
+    """Next-item models (positive-only logs): leave-one-out ranking of ``split`` (NE is undefined without
+    negatives). Every other model: NE, AUC and calibration of the click head (plus ``conversion_*``)."""
+    if is_next_item(bundle):
+        return next_item_metrics(bundle, data, split)
     rows = data.split_rows(split)
     if len(rows) == 0:
         raise ValueError(f"{data.path} has no {split!r} rows to judge models on")
-    bundle = load_registered(model_uri)
     probs = predict(bundle.model, batch_builder(bundle, data), rows, batch_size)
     labels = data.labels(rows).numpy()
     return binary_metrics(labels[:, 0], probs[:, 0]) | binary_metrics(

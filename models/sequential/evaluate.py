@@ -99,3 +99,18 @@ def model_scorer(model, seqs: SequenceSet) -> Callable[[np.ndarray, str], torch.
         return query @ items.T
 
     return score
+
+
+def is_next_item(bundle) -> bool:
+    """SASRec, or a user model trained with the next-item objective."""
+    return bundle.kind == "sasrec" or getattr(bundle.cfg, "objective", "") == "next_item"
+
+
+def next_item_metrics(bundle, data, split: str = "test", num_negatives: int = 99, seed: int = 0) -> dict:
+    """Sampled and full leave-one-out metrics of a trained next-item ``bundle`` on ``split`` (valid | test)."""
+    cfg = bundle.cfg
+    max_len = cfg.max_len if bundle.kind == "sasrec" else cfg.max_history
+    seqs = SequenceSet(data, max_len, getattr(cfg, "time_buckets", 0))
+    return rank_split(
+        model_scorer(bundle.model.eval(), seqs), seqs, split, negative_lists(seqs, num_negatives, seed)
+    )

@@ -1,0 +1,39 @@
+"""The registry gate judges next-item models by leave-one-out NDCG@10, exactly as training scored them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemflow.config import load_config
+from models.config import TrainRunConfig
+from models.data import TrainingSet
+from models.inference import load_bundle
+from models.registry.gate import GateConfig, decide
+from models.registry.heldout import bundle_metrics
+from models.train import train
+
+
+def test_ranking_gate_decisions():
+    cfg = GateConfig(min_relative_ndcg_gain=0.01)
+    assert decide({"ndcg@10": 0.30}, None, cfg) == (True, "no champion yet")
+    promoted, reason = decide({"ndcg@10": 0.31}, {"ndcg@10": 0.30}, cfg)
+    assert promoted and "beats champion" in reason
+    promoted, reason = decide({"ndcg@10": 0.302}, {"ndcg@10": 0.30}, cfg)  # +0.7% < the 1% margin
+    assert not promoted and "needs >= 0.30300" in reason
+    promoted, reason = decide({"ndcg@10": 0.5}, {"ne": 0.9, "calibration": 1.0}, cfg)
+    assert not promoted and "not comparable" in reason
+    with pytest.raises(ValueError, match="'ndcg@10'"):
+        decide({"auc": 0.7}, None, cfg)
+
+
+def test_the_gate_scores_a_next_item_model_as_training_did(loo_set, tmp_path):
+    ws, name = loo_set
+    overrides = {
+        "training_set": name, "output_dir": str(tmp_path), "tracking.enabled": False, "resume": False,
+        "optim.epochs": 2, "optim.batch_size": 64, "user_model.d_model": 16, "user_model.max_history": 16,
+    }  # fmt: skip
+    result = train(load_config(TrainRunConfig, None, overrides), ws)
+    judged = bundle_metrics(load_bundle(result.run_dir), TrainingSet(ws.training(name)), "test")
+    assert "ne" not in judged
+    for key in ("ndcg@10", "hr@10", "mrr", "full_ndcg@10"):
+        assert judged[key] == pytest.approx(result.metrics[f"test_{key}"], abs=1e-6)
