@@ -251,3 +251,15 @@ def test_cli_reports_a_missing_column_without_a_traceback(tmp_path):
     )
     assert result.exit_code == 2
     assert "missing column(s) ['user_id', 'item_id']" in result.output and "Traceback" not in result.output
+
+
+def test_positive_only_log_is_one_labelled_impression_per_row(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    fmt = InteractionFormat(user_col="who", item_col="what", ts_col="when", positive_only=True)
+    summary = import_interactions(LOG[["who", "what", "when"]], fmt, ws, progress=False)
+    assert summary["events"] == summary["interactions"] == summary["positives"] == 6
+    events = _all(ws, "events")
+    assert set(events.action) == {"impression"} and events.click.eq(1).all() and events.conversion.eq(0).all()
+    with pytest.raises(InteractionFormatError, match="positive_only logs carry no label_col or rating_col"):
+        import_interactions(LOG, InteractionFormat(user_col="who", item_col="what", ts_col="when",
+                                                   rating_col="stars", positive_rating=4, positive_only=True), ws)  # fmt: skip
