@@ -87,3 +87,42 @@ def test_latest_naming_a_missing_checkpoint_is_a_clear_error(tmp_path):
     (root / "latest").write_text("step-00000009")
     with pytest.raises(CheckpointError, match="step-00000009.*not a committed checkpoint"):
         CheckpointStore(root, rank=0).latest()
+
+
+def test_state_round_trips_pickle_free_and_restores_the_rng_streams(tmp_path):
+    """What a resume reads of our own parts (RNG states, replicated tables with their optimizer) loads with
+    ``weights_only=True``; numbers, strings and the nesting live in JSON beside the tensors."""
+    import json
+    import random
+
+    import numpy as np
+    import torch
+
+    from models.distributed.checkpoint import load_state, save_state
+    from models.distributed.trainer import _rng_state, _set_rng_state
+
+    table = torch.nn.EmbeddingBag(5, 3)
+    optim = torch.optim.Adagrad(table.parameters(), lr=0.1)
+    table(torch.tensor([[1, 2]])).sum().backward()
+    optim.step()  # optimizer state keyed by int, with tensors and floats
+    state = {"rng": _rng_state(), "replicated": {"model": table.state_dict(), "optim": optim.state_dict()}}
+    save_state(state, tmp_path / "part")
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+
+    json.loads((tmp_path / "part.json").read_text())  # plain JSON
+    assert all(isinstance(t, torch.Tensor) for t in torch.load(tmp_path / "part.pt", weights_only=True))
+    loaded = load_state(tmp_path / "part")
+    _set_rng_state(loaded["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
+    other = torch.optim.Adagrad(table.parameters(), lr=0.1)
+    other.load_state_dict(loaded["replicated"]["optim"])
+    assert other.state_dict()["param_groups"] == optim.state_dict()["param_groups"]
+    assert torch.equal(other.state_dict()["state"][0]["sum"], optim.state_dict()["state"][0]["sum"])
+
+
+def test_state_refuses_what_needs_pickle(tmp_path):
+    from models.distributed.checkpoint import save_state
+
+    with pytest.raises(TypeError, match="without pickle"):
+        save_state({"f": object()}, tmp_path / "bad")
