@@ -54,7 +54,7 @@ def test_pipeline_dags_wiring(tmp_path):
     require_airflow()
     template = tmp_path / "pod-template.yaml"  # cluster mode needs one (tests/dags/test_stage_pods.py)
     template.write_text("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: base\n")
-    for mode, operator in (("local", "PythonOperator"), ("cluster", "KubernetesPodOperator")):
+    for mode, operator in (("local", "PythonOperator"), ("cluster", "StagePodOperator")):
         env = airflow_env(tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
         out = run_airflow_python(WIRING, env)
         assert out["errors"] == {}, out["errors"]
