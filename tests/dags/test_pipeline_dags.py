@@ -163,7 +163,7 @@ def test_refresh_then_deploy_dags_run_end_to_end(tmp_path):
 
 
 def _check(ws: Workspace, rankers: dict[str, Path], results: dict) -> None:
-    from gemflow.commands.deploy import ready_detail
+    from serving.rollout.local import ready_detail
 
     skipped, refreshed, good, stale = results["runs"]
     # only the refresh that ran published EMBEDDINGS; the skipped one (no champion yet) published nothing
