@@ -137,3 +137,37 @@ def test_cluster_rollout_promotes_a_good_canary_and_rolls_back_a_bad_one(tmp_pat
     assert verbs == ["apply", "wait", "get", f"patch {canary_at % 100}",
                      "apply", "wait", "get", f"patch {canary_at % 0}", "get"]  # fmt: skip
 
+
+@pytest.mark.integration  # helm
+def test_the_deployer_applies_the_charts_manifest_and_the_chart_creates_no_inference_service(tmp_path):
+    """One owner: the release holds the ranker's manifest as data, the deploy stage applies it with the model
+    pinned (keeping the chart's hardening, secrets and canary)."""
+    import yaml
+
+    from serving.rollout.isvc import inference_service
+    from tests.helm.render import HelmMissing, copy_without_airflow, render
+
+    try:
+        docs = render(copy_without_airflow(tmp_path), "values-production.yaml")
+    except HelmMissing as err:
+        pytest.skip(str(err))
+    assert not [d for d in docs if d["kind"] == "InferenceService"]
+    (shipped,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("ranker-manifest")
+    ]
+    chart_file = tmp_path / "inferenceservice.yaml"
+    chart_file.write_text(shipped["data"]["inferenceservice.yaml"])
+    chart = yaml.safe_load(chart_file.read_text())
+
+    applied = inference_service("models:/gem-ranker/7", [], str(chart_file))
+    args = applied["spec"]["predictor"]["containers"][0]["args"]
+    assert "--set=model_uri=models:/gem-ranker/7" in args and not any("@champion" in a for a in args)
+    assert [a for a in args if "model_uri" not in a] == [
+        a for a in chart["spec"]["predictor"]["containers"][0]["args"] if "model_uri" not in a
+    ]
+    assert applied["spec"]["predictor"]["canaryTrafficPercent"] == 10  # the production values' canary
+    assert applied["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gemflow-deploy"
+    assert applied["metadata"]["annotations"]["serving.kserve.io/enable-tag-routing"] == "true"
+    assert applied["metadata"]["namespace"]
+    container = applied["spec"]["predictor"]["containers"][0]
+    assert container["securityContext"] == chart["spec"]["predictor"]["containers"][0]["securityContext"]
