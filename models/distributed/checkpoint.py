@@ -11,8 +11,9 @@ never read and is removed at the next start; a crash between the rename and ``la
 ``latest``, still complete. ``latest`` is the only thing a resume reads to choose.
 
 Our own parts (replicated tables, RNG states) are written pickle-free by ``save_state``: the tensors in a file
-``torch.load(weights_only=True)`` reads, everything else (numbers, strings, the nesting) in JSON beside it, so a
-resume never unpickles what a checkpoint folder holds.
+``torch.load(weights_only=True)`` reads, everything else (numbers, strings, the nesting) in JSON beside it.
+DeepSpeed's own files are read with ``weights_only=True`` too (``weights_only_engine_loads``), so a resume never
+unpickles arbitrary objects from a checkpoint folder.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +174,33 @@ def load_state(stem: Path):
     """Read what ``save_state`` wrote; the tensor file loads with ``weights_only=True``."""
     tensors = torch.load(stem.with_suffix(".pt"), weights_only=True)
     return _decode(json.loads(stem.with_suffix(".json").read_text()), tensors)
+
+
+# ----------------------------------------------------------------------------------------------- DeepSpeed's files
+def deepspeed_safe_globals() -> list:
+    """The only non-tensor types DeepSpeed's checkpoint files hold (ZeRO-2, bf16, MoE: found with
+    ``torch.serialization.get_unsafe_globals_in_checkpoint`` on a real run's files)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_engine_loads(engine) -> Iterator[None]:
+    """Within the block, ``engine.load_checkpoint`` reads every file with ``weights_only=True`` (DeepSpeed's own
+    checkpoint engine passes ``weights_only=False``), allowing only ``deepspeed_safe_globals``. A file holding
+    anything else fails to load, naming the type, instead of running its pickle."""
+    checkpoint_engine = engine.checkpoint_engine
+    allowed = deepspeed_safe_globals()
+
+    def load(path, map_location=None):
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+    checkpoint_engine.load = load  # shadows the method on this instance only
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load

@@ -36,7 +36,7 @@ from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
 from models.distributed.batching import Step, example_costs, plan_epoch
-from models.distributed.checkpoint import CheckpointStore, load_state, save_state
+from models.distributed.checkpoint import CheckpointStore, load_state, save_state, weights_only_engine_loads
 from models.distributed.config import validate_distributed
 from models.distributed.ds_config import deepspeed_config
 from models.distributed.fp8 import convert_to_float8
@@ -250,7 +250,8 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
 
     state = RunState(**json.loads((path / "state.json").read_text()))
     check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
-    p.engine.load_checkpoint(str(path / "dense"), tag="engine")
+    with weights_only_engine_loads(p.engine):
+        p.engine.load_checkpoint(str(path / "dense"), tag="engine")
     dmp = p.sparse.dmp
     if dmp is not None:
         sd = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
