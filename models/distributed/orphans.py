@@ -51,12 +51,14 @@ def launcher_env() -> dict[str, str]:
     return {LAUNCHER_PID: str(me), LAUNCHER_START: str(_stat(me)[1])}
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the process that forked it dies (Linux only; no-op elsewhere)."""
+def _die_with_parent():
+    """A preexec_fn: SIGTERM the child when the process that forked it dies (Linux; None elsewhere). libc is
+    loaded here, in the parent: between fork and exec the child only makes the one call."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        return
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _raise_exit(signum, _frame) -> None:
@@ -82,7 +84,7 @@ def run_in_own_group(cmd: list[str], *, env: dict[str, str], cwd: Path) -> int:
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_exit) if on_main else None
     proc = subprocess.Popen(
-        cmd, env={**env, **launcher_env()}, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent
+        cmd, env={**env, **launcher_env()}, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent()
     )
     try:
         return proc.wait()
