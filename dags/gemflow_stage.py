@@ -11,9 +11,9 @@ a read-only root filesystem with an emptyDir /tmp, resources, the workspace volu
 every setting a stage pod runs with.
 
 Stages signal a rejected data partition with exit code ``GATE_FAILED_EXIT``; the task then fails without
-retries (``AirflowFailException``): retrying cannot fix bad data. A stage that finds nothing to do (e.g. the gate
-kept the current champion) exits ``UNCHANGED_EXIT``; the task is then skipped, so its outlets publish no asset
-event and nothing downstream runs.
+retries (``AirflowFailException``) in both modes (a pod's exit code is read by ``gemflow_pods.StagePodOperator``):
+retrying cannot fix bad data. A stage that finds nothing to do (e.g. the gate kept the current champion) exits
+``UNCHANGED_EXIT``; the task is then skipped, so its outlets publish no asset event and nothing downstream runs.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from pathlib import Path
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-GATE_FAILED_EXIT = 3  # keep in sync with gemflow.commands.ingest.GATE_FAILED_EXIT
-UNCHANGED_EXIT = 4  # keep in sync with gemflow.commands.refresh.UNCHANGED_EXIT
+# gemflow.exit_codes holds every command's codes; this image lacks the package: tests/dags/test_exit_codes.py
+# pins these two to it.
+GATE_FAILED_EXIT = 3
+UNCHANGED_EXIT = 4
 
 # Assets chain the DAGs: each stage publishes what the next one is scheduled on.
 FEATURES = Asset(name="gemflow.features", uri="gemflow://features/ingested")
@@ -75,11 +77,16 @@ def run_cli(args: list[str], gemflow_bin: str, workspace: str) -> None:
     env = {**os.environ, "GEMFLOW_HOME": workspace}
     proc = subprocess.run([gemflow_bin, *args], env=env, check=False)
     if proc.returncode == GATE_FAILED_EXIT:
-        raise AirflowFailException(f"gemflow {' '.join(args)}: the validation gate rejected the partition")
+        raise gate_failed(args)
     if proc.returncode == UNCHANGED_EXIT:
         raise AirflowSkipException(f"gemflow {' '.join(args)}: nothing changed")
     if proc.returncode:
         raise RuntimeError(f"gemflow {' '.join(args)} exited with {proc.returncode}")
+
+
+def gate_failed(args: list[str]) -> AirflowFailException:
+    """The task failure for a rejected partition: final on its first try, whatever ``retries`` says."""
+    return AirflowFailException(f"gemflow {' '.join(args)}: the validation gate rejected the partition")
 
 
 def stage_task(
@@ -99,10 +106,10 @@ def stage_task(
             python_callable=run_cli, op_args=[list(args), s.gemflow_bin, s.workspace], **common
         )
 
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from gemflow_pods import StagePodOperator
 
     # Everything else (GEMFLOW_HOME included) comes from the template; values given here would override it.
-    return KubernetesPodOperator(
+    return StagePodOperator(
         name=f"gemflow-{task_id}".replace("_", "-"),
         pod_template_file=s.pod_template_file,
         image=s.image,

@@ -1,4 +1,5 @@
-"""Shared fixtures: repo paths, the shared datasets (skipped cleanly when absent), a fresh workspace."""
+"""Shared fixtures: repo paths, the shared datasets (skipped cleanly when absent), a fresh workspace; under
+``CI=true`` a skip fails unless the test is marked gpu (``tests/ci_strict.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from gemflow.workspace import Workspace
+
+pytest_plugins = ["tests.ci_strict", "pytester"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

@@ -11,8 +11,11 @@ the same bytes come from ``features.feature_repo.encoding`` and go to the same s
 ``materialize`` reads the view's source like Feast's local engine (rows with ``start <= ts <= end``, the latest per
 entity by (ts, created ts)) and records the interval in the registry; ``push`` writes a table like
 ``FeatureStore.push(..., to=ONLINE)``. Anything the fast path does not reproduce exactly (another store, table
-layout or type, a null) falls back to Feast's own call for that view. Feast's readers see identical data:
-``tests/features/test_online_writes.py`` compares both paths on SQLite and Redis.
+layout or type, a null) falls back to Feast's own call for that view, and so does any other failure of the fast
+path: it leans on Feast internals (``_get_conn``, ``_table_id``, ``_mmh3``, ...) that a Feast upgrade may move, and a
+moved internal must cost speed, not the ingestion (one warning names why). Rows that lack the view's columns are
+bad input and stay an error. Feast's readers see identical data: ``tests/features/test_online_writes.py``
+compares both paths on SQLite and Redis.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import datetime as dt
 import glob
 import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +39,7 @@ from features.feature_repo.encoding import UnsupportedForFastWrite, encode_value
 log = logging.getLogger(__name__)
 
 REDIS_CHUNK = 20_000  # entities per Redis pipeline round trip
+_warned: set[str] = set()  # fast-path failures already warned about
 SQLITE_COLUMNS = {
     "entity_key",
     "feature_name",
@@ -70,17 +75,25 @@ def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return pc.cast(column, pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
+def check_rows(view: FeatureView, table: pa.Table) -> None:
+    """Bad input for either writer: the view's columns missing, or null join keys."""
+    keys = [c.name for c in view.entity_columns]
+    needed = [*keys, *(f.name for f in view.features), view.batch_source.timestamp_field]
+    missing = [c for c in needed if c not in table.column_names]
+    if missing:
+        raise ValueError(f"rows for view {view.name!r} lack column(s) {missing}; it needs {needed}")
+    for key in keys:
+        nulls = table.column(key).null_count
+        if nulls:
+            raise ValueError(f"rows for view {view.name!r} have {nulls} null {key}(s)")
+
+
 def encode_rows(store: FeatureStore, view: FeatureView, table: pa.Table) -> EncodedRows:
     """Encode ``table`` (join key, every feature of ``view``, its timestamp columns) for ``view``."""
     source = view.batch_source
     join_key = _join_key(view)
-    needed = [join_key, *(f.name for f in view.features), source.timestamp_field]
-    missing = [c for c in needed if c not in table.column_names]
-    if missing:
-        raise ValueError(f"rows for view {view.name!r} lack column(s) {missing}; it needs {needed}")
+    check_rows(view, table)
     ids = table.column(join_key)
-    if ids.null_count:
-        raise ValueError(f"rows for view {view.name!r} have {ids.null_count} null {join_key}(s)")
     created = source.created_timestamp_column
     return EncodedRows(
         keys=entity_keys(
@@ -243,19 +256,39 @@ def latest_rows(view: FeatureView, start: dt.datetime, end: dt.datetime) -> pa.T
     return rows.take(pa.array(order[last]))
 
 
+def _fast_or_feast(
+    what: str, view: FeatureView, fast: Callable[[], int], feast: Callable[[], object]
+) -> int | None:
+    """Run the fast write; on any failure run Feast's own. Returns the rows the fast path wrote, None if Feast wrote."""
+    try:
+        return fast()
+    except UnsupportedForFastWrite as why:  # a case the fast path knowingly leaves to Feast
+        log.info("%s %s through Feast (%s)", what, view.name, why)
+    except Exception as why:  # noqa: BLE001  the fast path broke (e.g. a Feast upgrade moved an internal)
+        reason = f"{type(why).__name__}: {why}"
+        if reason not in _warned:  # once per process and reason, not once per view and day
+            _warned.add(reason)
+            log.warning(
+                "the fast online writer failed (%s); writing through Feast's own writer instead", reason
+            )
+        log.info("%s %s through Feast (%s)", what, view.name, reason)
+    feast()
+    return None
+
+
 def materialize(store: FeatureStore, view_names: list[str], start: dt.datetime, end: dt.datetime) -> dict:
-    """``store.materialize(start, end, view_names)``, fast; returns the rows written per view."""
+    """``store.materialize(start, end, view_names)``, fast; returns the rows written per view (None: by Feast)."""
     written = {}
     for name in view_names:
         view = store.get_feature_view(name)
-        try:
-            written[name] = write_rows(store, view, latest_rows(view, start, end))
-        except UnsupportedForFastWrite as why:
-            log.info("materialize %s through Feast (%s)", name, why)
-            store.materialize(start, end, [name])
-            written[name] = None
-            continue
-        store.registry.apply_materialization(view, store.project, start, end)
+        written[name] = _fast_or_feast(
+            "materialize",
+            view,
+            lambda view=view: write_rows(store, view, latest_rows(view, start, end)),
+            lambda name=name: store.materialize(start, end, [name]),
+        )
+        if written[name] is not None:  # Feast's materialize records its own interval
+            store.registry.apply_materialization(view, store.project, start, end)
     return written
 
 
@@ -269,9 +302,11 @@ def push(store: FeatureStore, push_source: str, table: pa.Table) -> int:
     if not views:
         raise ValueError(f"no feature view reads push source {push_source!r}")
     for view in views:
-        try:
-            write_rows(store, view, table)
-        except UnsupportedForFastWrite as why:
-            log.info("push to %s through Feast (%s)", view.name, why)
-            store.write_to_online_store(view.name, table.to_pandas())
+        check_rows(view, table)
+        _fast_or_feast(
+            "push to",
+            view,
+            lambda view=view: write_rows(store, view, table),
+            lambda view=view: store.write_to_online_store(view.name, table.to_pandas()),
+        )
     return table.num_rows

@@ -16,9 +16,8 @@ from typing import Annotated
 import typer
 
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, parse_date, workspace
-
-GATE_FAILED_EXIT = 3  # the DAGs' gemflow_stage.GATE_FAILED_EXIT expects this code
-BAD_INPUT_EXIT = 2
+from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
+from gemflow.exit_codes import GATE_FAILED as GATE_FAILED_EXIT
 
 
 def _logging() -> None:

@@ -17,10 +17,9 @@ from typing import Annotated
 import typer
 
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
-
-BAD_INPUT_EXIT = 2
-MISMATCH_EXIT = 1
-UNCHANGED_EXIT = 4  # dags/gemflow_stage.UNCHANGED_EXIT: the task is skipped, its outlets publish nothing
+from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
+from gemflow.exit_codes import FAILED as MISMATCH_EXIT
+from gemflow.exit_codes import UNCHANGED as UNCHANGED_EXIT  # the task is skipped, its outlets publish nothing
 
 
 def _fail(err: Exception) -> typer.Exit:

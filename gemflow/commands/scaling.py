@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
+from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
 
-BAD_INPUT_EXIT = 2
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 

@@ -16,6 +16,7 @@ import typer
 
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, parse_date, workspace
 from gemflow.config import ConfigError, load_config
+from gemflow.exit_codes import BAD_INPUT
 
 Col = Annotated[str | None, typer.Option(help="Column name.")]
 
@@ -40,7 +41,7 @@ def parse_inject(text: str | None) -> dict[str, float]:
 
 def _fail(err: Exception) -> typer.Exit:
     typer.echo(f"error: {err}", err=True)
-    return typer.Exit(code=2)
+    return typer.Exit(code=BAD_INPUT)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
-
-BAD_INPUT_EXIT = 2
+from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
+from gemflow.exit_codes import FAILED
 
 
 def _logging() -> None:
@@ -39,7 +39,7 @@ def _train_distributed(cfg, ws) -> None:
         raise _fail(err) from err
     except DistributedRunError as err:
         typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=1) from err
+        raise typer.Exit(code=FAILED) from err
     metrics = json.loads((run_dir / "metrics.json").read_text())
     typer.echo(json.dumps({"run_dir": str(run_dir), **metrics}, indent=2))
 

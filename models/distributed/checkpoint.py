@@ -9,15 +9,24 @@ rank 0 fsyncs and renames the folder (the commit point), then points ``latest`` 
 rename) and prunes old checkpoints -> barrier. A crash before the rename leaves only a temp folder, which is
 never read and is removed at the next start; a crash between the rename and ``latest`` leaves the previous
 ``latest``, still complete. ``latest`` is the only thing a resume reads to choose.
+
+Our own parts (replicated tables, RNG states) are written pickle-free by ``save_state``: the tensors in a file
+``torch.load(weights_only=True)`` reads, everything else (numbers, strings, the nesting) in JSON beside it.
+DeepSpeed's own files are read with ``weights_only=True`` too (``weights_only_engine_loads``), so a resume never
+unpickles arbitrary objects from a checkpoint folder.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+import torch
 import torch.distributed as dist
 
 LATEST = "latest"
@@ -114,3 +123,84 @@ class CheckpointStore:
                     shutil.rmtree(old, ignore_errors=True)
         _barrier()
         return final
+
+
+# ----------------------------------------------------------------------------------------------- pickle-free state
+def _encode(obj, tensors: list[torch.Tensor]):
+    """JSON-able form of ``obj``; tensors (and numpy arrays, as tensors) go to ``tensors``, referenced by index."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach().cpu())
+        return {"__tensor__": len(tensors) - 1}
+    if isinstance(obj, np.ndarray):
+        tensors.append(torch.from_numpy(np.ascontiguousarray(obj)))
+        return {"__ndarray__": len(tensors) - 1}
+    if isinstance(obj, dict):  # keys may be ints (optimizer state): keep them as (key, value) pairs
+        return {"__dict__": [[_encode(k, tensors), _encode(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"cannot store a {type(obj).__name__} without pickle")
+
+
+def _decode(obj, tensors: list[torch.Tensor]):
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__ndarray__" in obj:
+        return tensors[obj["__ndarray__"]].numpy()
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+    return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__dict__"]}
+
+
+def save_state(obj, stem: Path) -> None:
+    """Write ``obj`` (nested dicts / lists / tuples of tensors, arrays, numbers, strings) as ``<stem>.pt`` (the
+    tensors) and ``<stem>.json`` (the rest)."""
+    tensors: list[torch.Tensor] = []
+    encoded = _encode(obj, tensors)
+    torch.save(tensors, stem.with_suffix(".pt"))
+    stem.with_suffix(".json").write_text(json.dumps(encoded))
+
+
+def load_state(stem: Path):
+    """Read what ``save_state`` wrote; the tensor file loads with ``weights_only=True``."""
+    tensors = torch.load(stem.with_suffix(".pt"), weights_only=True)
+    return _decode(json.loads(stem.with_suffix(".json").read_text()), tensors)
+
+
+# ----------------------------------------------------------------------------------------------- DeepSpeed's files
+def deepspeed_safe_globals() -> list:
+    """The only non-tensor types DeepSpeed's checkpoint files hold (ZeRO-2, bf16, MoE: found with
+    ``torch.serialization.get_unsafe_globals_in_checkpoint`` on a real run's files)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_engine_loads(engine) -> Iterator[None]:
+    """Within the block, ``engine.load_checkpoint`` reads every file with ``weights_only=True`` (DeepSpeed's own
+    checkpoint engine passes ``weights_only=False``), allowing only ``deepspeed_safe_globals``. A file holding
+    anything else fails to load, naming the type, instead of running its pickle."""
+    checkpoint_engine = engine.checkpoint_engine
+    allowed = deepspeed_safe_globals()
+
+    def load(path, map_location=None):
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+    checkpoint_engine.load = load  # shadows the method on this instance only
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load

@@ -3,9 +3,10 @@
 The launcher validates the config, writes it into the run folder (every rank reads that file, so all ranks
 run the same config and the run records what it used), measures the machine's matmul peak for MFU when the
 config does not give one, and starts N ranks of ``models.distributed.trainer`` with torchrun (default) or the
-DeepSpeed CLI. On a CPU machine DeepSpeed runs with ``DS_ACCELERATOR=cpu`` over gloo; on GPUs the same entry
-point uses NCCL. ``TORCH_EXTENSIONS_DIR`` points at a kept cache so DeepSpeed's JIT-built CPU ops (shared-memory
-collectives) are compiled once, not at every launch.
+DeepSpeed CLI; the ranks never outlive the launcher, however it ends (``models.distributed.orphans``). On a CPU
+machine DeepSpeed runs with ``DS_ACCELERATOR=cpu`` over gloo; on GPUs the same entry point uses NCCL.
+``TORCH_EXTENSIONS_DIR`` points at a kept cache so DeepSpeed's JIT-built CPU ops (shared-memory collectives) are
+compiled once, not at every launch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -24,9 +24,11 @@ from gemflow.config import save_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig, validate
 from models.distributed.config import validate_distributed
+from models.distributed.orphans import run_in_own_group
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
+RANK_MODULE = "models.distributed.rank"  # the trainer behind a watchdog on this process
 
 
 class DistributedRunError(RuntimeError):
@@ -58,9 +60,9 @@ def command(cfg: TrainRunConfig, config_path: Path, ws: Workspace, run_dir: Path
     if dc.launcher == "deepspeed":
         ds = Path(sys.executable).with_name("deepspeed")
         return [str(ds), f"--num_gpus={dc.nproc}", "--no_local_rank", f"--master_port={port}",
-                "--module", "models.distributed.trainer", *rank_args]  # fmt: skip
+                "--module", RANK_MODULE, *rank_args]  # fmt: skip
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={dc.nproc}",
-            f"--master_port={port}", "--max_restarts=0", "-m", "models.distributed.trainer", *rank_args]  # fmt: skip
+            f"--master_port={port}", "--max_restarts=0", "-m", RANK_MODULE, *rank_args]  # fmt: skip
 
 
 def peak_tflops(precision: str) -> float:
@@ -94,15 +96,12 @@ def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = N
     config_path = save_config(cfg, run_dir)
     cmd = command(cfg, config_path, ws, run_dir)
     log.info("launching %d rank(s): %s", cfg.distributed.nproc, " ".join(cmd))
-    proc = subprocess.run(
-        cmd,
-        env=launch_env(cfg.distributed.nproc, env, cfg.distributed.threads_per_rank),
-        cwd=REPO,
-        check=False,
+    returncode = run_in_own_group(
+        cmd, env=launch_env(cfg.distributed.nproc, env, cfg.distributed.threads_per_rank), cwd=REPO
     )
-    if proc.returncode:
+    if returncode:
         raise DistributedRunError(
-            f"distributed training exited with {proc.returncode} (a rank failed or was killed); rerun the same "
+            f"distributed training exited with {returncode} (a rank failed or was killed); rerun the same "
             f"command to resume from the latest checkpoint in {run_dir / 'checkpoints'}"
         )
     return run_dir

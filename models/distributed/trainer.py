@@ -36,7 +36,7 @@ from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
 from models.distributed.batching import Step, example_costs, plan_epoch
-from models.distributed.checkpoint import CheckpointStore
+from models.distributed.checkpoint import CheckpointStore, load_state, save_state, weights_only_engine_loads
 from models.distributed.config import validate_distributed
 from models.distributed.ds_config import deepspeed_config
 from models.distributed.fp8 import convert_to_float8
@@ -236,9 +236,9 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
             dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()},
                      checkpoint_id=str(folder / "sparse"))  # fmt: skip
         if p.rank == 0:  # the same on every rank
-            torch.save(p.sparse.replicated_state(), folder / "replicated.pt")
+            save_state(p.sparse.replicated_state(), folder / "replicated")
         (folder / "rng").mkdir(exist_ok=True)
-        torch.save(_rng_state(), folder / "rng" / f"rank-{p.rank}.pt")
+        save_state(_rng_state(), folder / "rng" / f"rank-{p.rank}")
         if p.rank == 0:
             (folder / "state.json").write_text(json.dumps(state.__dict__, indent=1))
 
@@ -250,7 +250,8 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
 
     state = RunState(**json.loads((path / "state.json").read_text()))
     check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
-    p.engine.load_checkpoint(str(path / "dense"), tag="engine")
+    with weights_only_engine_loads(p.engine):
+        p.engine.load_checkpoint(str(path / "dense"), tag="engine")
     dmp = p.sparse.dmp
     if dmp is not None:
         sd = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
@@ -258,10 +259,10 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
         dmp.load_state_dict(sd["model"])
         dmp.fused_optimizer.load_state_dict(sd["optim"])
     if state.replicated_tables:
-        p.sparse.load_replicated_state(torch.load(path / "replicated.pt", weights_only=False))
-    rng = path / "rng" / f"rank-{p.rank}.pt"
-    if rng.exists():  # the same world size: restore exactly (steps re-seed anyway)
-        _set_rng_state(torch.load(rng, weights_only=False))
+        p.sparse.load_replicated_state(load_state(path / "replicated"))
+    rng = path / "rng" / f"rank-{p.rank}"
+    if rng.with_suffix(".json").exists():  # the same world size: restore exactly (steps re-seed anyway)
+        _set_rng_state(load_state(rng))
     return state
 
 

@@ -54,7 +54,7 @@ def test_pipeline_dags_wiring(tmp_path):
     require_airflow()
     template = tmp_path / "pod-template.yaml"  # cluster mode needs one (tests/dags/test_stage_pods.py)
     template.write_text("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: base\n")
-    for mode, operator in (("local", "PythonOperator"), ("cluster", "KubernetesPodOperator")):
+    for mode, operator in (("local", "PythonOperator"), ("cluster", "StagePodOperator")):
         env = airflow_env(tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
         out = run_airflow_python(WIRING, env)
         assert out["errors"] == {}, out["errors"]
@@ -163,7 +163,7 @@ def test_refresh_then_deploy_dags_run_end_to_end(tmp_path):
 
 
 def _check(ws: Workspace, rankers: dict[str, Path], results: dict) -> None:
-    from gemflow.commands.deploy import ready_detail
+    from serving.rollout.local import ready_detail
 
     skipped, refreshed, good, stale = results["runs"]
     # only the refresh that ran published EMBEDDINGS; the skipped one (no champion yet) published nothing

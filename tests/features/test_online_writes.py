@@ -129,6 +129,37 @@ def test_redis_fast_writer_equals_feast(tmp_path, redis_url):  # noqa: F811
     assert dumps["fast"] == dumps["feast"] and len(dumps["fast"]) == len(USERS) + len(ADS)
 
 
+@pytest.mark.integration
+def test_a_moved_feast_internal_falls_back_to_feast_with_one_warning(
+    tmp_path,
+    redis_url,  # noqa: F811
+    monkeypatch,
+    caplog,
+):
+    """A Feast upgrade that drops a private helper the fast path imports (``helpers._mmh3``; Feast's own Redis
+    store keeps the reference it imported) costs speed, not the ingestion: every view is written by Feast, the
+    values are identical, and one warning says why."""
+    import feast.infra.online_stores.helpers
+    import feast.infra.online_stores.redis  # noqa: F401  (Feast's store binds _mmh3 before it disappears)
+
+    monkeypatch.delattr(feast.infra.online_stores.helpers, "_mmh3")
+    monkeypatch.setattr(online_writes, "_warned", set())
+    projects = {"fast": "gemflow_moved", "feast": "gemflow_reference"}
+    with caplog.at_level("INFO", logger=online_writes.__name__):
+        runs = _both(
+            tmp_path,
+            lambda writer: FeatureStoreConfig(
+                project=projects[writer], online_store="redis", redis_connection=redis_url
+            ),
+        )
+    assert _reads(*runs["fast"]) == _reads(*runs["feast"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "ImportError" in warnings[0] and "_mmh3" in warnings[0], warnings
+    through_feast = [r.getMessage() for r in caplog.records if "through Feast (ImportError" in r.getMessage()]
+    assert any(m.startswith("materialize ") for m in through_feast)
+    assert any(m.startswith("push to user_recent_events") for m in through_feast)
+
+
 def test_push_refuses_rows_without_the_views_columns(workspace):
     store = open_store(workspace, apply=True)
     table = pa.table({"user_id": [1], EVENT_TS: pa.array([0], pa.timestamp("us", tz="UTC"))})

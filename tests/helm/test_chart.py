@@ -76,8 +76,19 @@ def rendered(chart_without_airflow) -> dict[str, list[dict]]:
     for values_file in VALUES_FILES:
         proc = _render(chart_without_airflow, values_file)
         assert proc.returncode == 0, f"helm template -f {values_file} failed:\n{proc.stderr}"
-        out[values_file] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        out[values_file] = docs + _deployed_by_the_deploy_stage(docs)
     return out
+
+
+def _deployed_by_the_deploy_stage(docs: list[dict]) -> list[dict]:
+    """The ranker's InferenceService ships as data (the ranker-manifest ConfigMap) that `gemflow deploy --mode
+    cluster` applies: every check of rendered objects covers it as the object it becomes."""
+    return [
+        yaml.safe_load(d["data"]["inferenceservice.yaml"])
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-ranker-manifest")
+    ]
 
 
 def _all_docs(rendered):

@@ -87,3 +87,86 @@ def test_latest_naming_a_missing_checkpoint_is_a_clear_error(tmp_path):
     (root / "latest").write_text("step-00000009")
     with pytest.raises(CheckpointError, match="step-00000009.*not a committed checkpoint"):
         CheckpointStore(root, rank=0).latest()
+
+
+def test_state_round_trips_pickle_free_and_restores_the_rng_streams(tmp_path):
+    """What a resume reads of our own parts (RNG states, replicated tables with their optimizer) loads with
+    ``weights_only=True``; numbers, strings and the nesting live in JSON beside the tensors."""
+    import json
+    import random
+
+    import numpy as np
+    import torch
+
+    from models.distributed.checkpoint import load_state, save_state
+    from models.distributed.trainer import _rng_state, _set_rng_state
+
+    table = torch.nn.EmbeddingBag(5, 3)
+    optim = torch.optim.Adagrad(table.parameters(), lr=0.1)
+    table(torch.tensor([[1, 2]])).sum().backward()
+    optim.step()  # optimizer state keyed by int, with tensors and floats
+    state = {"rng": _rng_state(), "replicated": {"model": table.state_dict(), "optim": optim.state_dict()}}
+    save_state(state, tmp_path / "part")
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+
+    json.loads((tmp_path / "part.json").read_text())  # plain JSON
+    assert all(isinstance(t, torch.Tensor) for t in torch.load(tmp_path / "part.pt", weights_only=True))
+    loaded = load_state(tmp_path / "part")
+    _set_rng_state(loaded["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
+    other = torch.optim.Adagrad(table.parameters(), lr=0.1)
+    other.load_state_dict(loaded["replicated"]["optim"])
+    assert other.state_dict()["param_groups"] == optim.state_dict()["param_groups"]
+    assert torch.equal(other.state_dict()["state"][0]["sum"], optim.state_dict()["state"][0]["sum"])
+
+
+def test_state_refuses_what_needs_pickle(tmp_path):
+    from models.distributed.checkpoint import save_state
+
+    with pytest.raises(TypeError, match="without pickle"):
+        save_state({"f": object()}, tmp_path / "bad")
+
+
+def test_deepspeed_files_resume_with_weights_only(tmp_path, monkeypatch):
+    """A real (one-process, ZeRO-2, bf16) DeepSpeed engine saves; a fresh engine loads it back with every file
+    read ``weights_only=True`` and the same weights and optimizer step come back. The optimizer file does hold
+    DeepSpeed types (the allow-list is needed, and it is all that is needed)."""
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    import deepspeed
+
+    from models.distributed.checkpoint import weights_only_engine_loads
+
+    config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 1, "zero_optimization": {"stage": 2},
+              "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+
+        def engine():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+            return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0]
+
+        trained = engine()
+        loss = trained(torch.randn(4, 16, dtype=torch.bfloat16)).float().pow(2).mean()
+        trained.backward(loss)
+        trained.step()
+        trained.save_checkpoint(str(tmp_path / "dense"), tag="engine", save_latest=False)
+        (optim_file,) = (tmp_path / "dense" / "engine").glob("*optim_states.pt")
+        with pytest.raises(Exception, match="weights_only|Unsupported global"):
+            torch.load(optim_file, weights_only=True)
+
+        fresh = engine()
+        with weights_only_engine_loads(fresh):
+            fresh.load_checkpoint(str(tmp_path / "dense"), tag="engine")
+        assert "load" not in vars(fresh.checkpoint_engine)  # the engine's own loader is back afterwards
+        for a, b in zip(trained.module.parameters(), fresh.module.parameters(), strict=True):
+            assert torch.equal(a, b)
+        assert fresh.global_steps == trained.global_steps == 1
+    finally:
+        dist.destroy_process_group()
