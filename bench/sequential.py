@@ -92,6 +92,58 @@ def trained_row(cfg, ws: Workspace) -> dict:
     }
 
 
+def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
+    """Where one training step's time goes (ms, mean over ``steps`` steps after one warm-up): building the
+    batch, the sequence encoder forward, the next-item head forward (queries, item vectors, softmax), backward,
+    and the optimizer step."""
+    import numpy as np
+    import torch
+
+    from models.sequential.objective import next_item_loss
+    from models.train import make_optimizers, make_task
+
+    task = make_task(cfg, ws)
+    model = task.bundle.model.train()
+    _, opt = make_optimizers(model, cfg.optim, sparse_in_backward=False)
+    batches = task.epoch_batches(1)[: steps + 1]
+    phases = {"batch": [], "encoder": [], "head": [], "backward": [], "optimizer": []}
+    for i, users in enumerate(batches):
+        t0 = time.perf_counter()
+        batch = task.seqs.train_batch(users)
+        t1 = time.perf_counter()
+        states = model.sequence_states(batch.history, batch.user_id)
+        t2 = time.perf_counter()
+        loss = next_item_loss(_Cached(model, states), batch, task.loss_kind, cfg.next_item.num_negatives)
+        t3 = time.perf_counter()
+        opt.zero_grad()
+        loss.backward()
+        t4 = time.perf_counter()
+        opt.step()
+        t5 = time.perf_counter()
+        if i:  # the first step warms caches and allocators
+            for name, (a, b) in zip(phases, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)), strict=True):
+                phases[name].append(1000 * (b - a))
+    torch.set_grad_enabled(True)
+    return {f"{name}_ms": float(np.mean(v)) for name, v in phases.items()}
+
+
+class _Cached:
+    """The model with its encoder output precomputed, so the head's forward is timed on its own."""
+
+    def __init__(self, model, states):
+        self.model, self.states = model, states
+        self.num_items = model.num_items
+
+    def sequence_states(self, history, user_id):
+        return self.states
+
+    def query(self, states):
+        return self.model.query(states)
+
+    def item_vectors(self, ids=None):
+        return self.model.item_vectors(ids)
+
+
 def run_seed(args, seed: int, overrides: dict[str, str]) -> dict[str, dict]:
     from models.config import TrainRunConfig
 
@@ -111,6 +163,11 @@ def run_seed(args, seed: int, overrides: dict[str, str]) -> dict[str, dict]:
                 **overrides,
             },
         )
+        if args.profile:
+            if MODELS[name] is not None:
+                rows[name] = step_profile(cfg, ws)
+                print(f"# {name:<16} " + "  ".join(f"{k} {v:.1f}" for k, v in rows[name].items()), flush=True)
+            continue
         rows[name] = popularity_row(cfg, ws) if MODELS[name] is None else trained_row(cfg, ws)
         m = rows[name]
         print(
@@ -230,6 +287,7 @@ def main() -> None:
     p.add_argument("--title", default="", help="section title (default: the training set's name)")
     p.add_argument("--json", help="write the per-seed rows and the summary here")
     p.add_argument("--docs", help="write the table into this markdown file (its section for this set)")
+    p.add_argument("--profile", action="store_true", help="only time the phases of a training step per model")
     p.add_argument(
         "--merge",
         default="",
@@ -245,6 +303,11 @@ def main() -> None:
     overrides = parse_overrides(args.set)
     title = args.title or Path(args.training_set).name
     command = "bench/sequential.py " + " ".join(sys.argv[1:])
+    if args.profile:
+        rows = run_seed(args, seeds[0], overrides)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
+        return
     per_seed: dict[int, dict] = {}
     for path in filter(None, args.merge.split(",")):
         per_seed |= {int(k): v for k, v in json.loads(Path(path).read_text())["per_seed"].items()}
