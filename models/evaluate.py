@@ -86,6 +86,12 @@ def score_lists(
     if scorer == "next_event":
         _check_next_event_head(bundle)
         return _next_event_scores(model, builder, lists, batch_users)
+    train_labels = data.examples.loc[leave_one_out_split(data.examples) == "train", "click"]
+    if len(train_labels) and (train_labels > 0).all():
+        raise ValueError(
+            "the click scorer ranks with a click head, and on a positive-only log that head only ever saw positives: "
+            "it ties every candidate. Rank with a next-item model (bench/sequential.py, docs/model-results-sequential.md)"
+        )
     table = ad_table(data, builder)
     out = []
     for chunk in batches(np.arange(len(lists.rows)), batch_users, "leave-one-out"):

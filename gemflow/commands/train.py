@@ -102,9 +102,12 @@ def register(app: typer.Typer) -> None:
         negatives: Annotated[int, typer.Option(help="Sampled negatives per leave-one-out list.")] = 99,
         ws: WorkspaceOpt = None,
     ) -> None:
-        """NE, AUC and calibration of a trained model on a split; optionally leave-one-out HR@10/NDCG@10/MRR."""
+        """NE, AUC and calibration of a trained model on a split; optionally leave-one-out HR@10/NDCG@10/MRR.
+        A next-item model (positive-only logs) is judged by leave-one-out ranking only: sampled and full."""
         from models import evaluate
-        from models.data import TrainingSetError
+        from models.data import TrainingSet, TrainingSetError
+        from models.inference import load_bundle
+        from models.sequential.evaluate import is_next_item, next_item_metrics
         from models.train import evaluate_rows, resolve_training_set
 
         _logging()
@@ -112,6 +115,11 @@ def register(app: typer.Typer) -> None:
             raise _fail(ValueError(f"--split must be test or valid, got {split!r}"))
         try:
             path = resolve_training_set(training_set, workspace(ws))
+            bundle = load_bundle(run_dir)
+            if is_next_item(bundle):
+                metrics = next_item_metrics(bundle, TrainingSet(path), split, num_negatives=negatives)
+                typer.echo(json.dumps({f"{split}_{k}": v for k, v in metrics.items()}, indent=2))
+                return
             bundle, data, builder = evaluate.load_for_evaluation(run_dir, path)
             out = evaluate_rows(bundle.model, builder, data.split_rows(split), 1024, f"{split}_")
             if leave_one_out:

@@ -37,3 +37,29 @@ def test_the_gate_scores_a_next_item_model_as_training_did(loo_set, tmp_path):
     assert "ne" not in judged
     for key in ("ndcg@10", "hr@10", "mrr", "full_ndcg@10"):
         assert judged[key] == pytest.approx(result.metrics[f"test_{key}"], abs=1e-6)
+
+
+def test_evaluate_cli_ranks_a_next_item_model_and_the_click_head_refuses(loo_set, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gemflow.cli import app
+    from models.evaluate import loo_lists, score_lists
+    from models.train import prepare
+
+    ws, name = loo_set
+    overrides = {
+        "training_set": name, "output_dir": str(tmp_path), "tracking.enabled": False, "resume": False,
+        "optim.epochs": 1, "optim.batch_size": 64, "user_model.d_model": 16, "user_model.max_history": 16,
+    }  # fmt: skip
+    result = train(load_config(TrainRunConfig, None, overrides), ws)
+    out = CliRunner().invoke(
+        app, ["evaluate", "-r", str(result.run_dir), "-t", name, "--workspace", str(ws.root)]
+    )
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["test_ndcg@10"] == pytest.approx(result.metrics["test_ndcg@10"], abs=1e-6)
+    # a click head trained on a positive-only log would tie every candidate: ranking with it is refused
+    click = prepare(load_config(TrainRunConfig, None, {**overrides, "user_model.objective": "click"}), ws)
+    with pytest.raises(ValueError, match="ties every candidate"):
+        score_lists(click.bundle, click.data, click.builder, loo_lists(click.data, num_negatives=5))
