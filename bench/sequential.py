@@ -73,30 +73,78 @@ def popularity_row(cfg, ws: Workspace) -> dict:
 
 
 def trained_row(cfg, ws: Workspace) -> dict:
-    from models.inference import load_bundle
     from models.train import train
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train(cfg, ws)
-    epochs = [h for h in result.history if "train_seconds" in h]
-    model = load_bundle(result.run_dir).model
     return {
-        **result.metrics,
+        **run_row(result.run_dir),
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu,
+    }
+
+
+def run_row(run_dir: Path) -> dict:
+    """A finished run's row from its folder: test metrics, parameters, epochs and their time."""
+    from models.inference import load_bundle
+
+    history = json.loads((run_dir / "history.json").read_text())
+    epochs = [h for h in history if "train_seconds" in h]
+    model = load_bundle(run_dir).model
+    row = {
+        **json.loads((run_dir / "metrics.json").read_text()),
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": len(epochs),
         "train_seconds": sum(h["train_seconds"] for h in epochs),
         "eval_seconds": sum(h["eval_seconds"] for h in epochs),
-        "seconds": time.perf_counter() - start,
-        "cpu_seconds": time.process_time() - cpu,
-        "run_dir": str(result.run_dir),
+        "run_dir": str(run_dir),
     }
+    row["seconds"] = row["train_seconds"] + row["eval_seconds"]
+    return row
+
+
+def collect(args, overrides: dict[str, str]) -> dict[int, dict]:
+    """Rows of the runs already finished under ``<workspace>/sequential/seed*/<model>`` (a stopped bench loses
+    nothing it finished); popularity is recomputed (seconds)."""
+    ws = Workspace(Path(args.workspace).resolve())
+    per_seed = {}
+    for folder in sorted((ws.root / "sequential").glob("seed*")):
+        seed = int(folder.name.removeprefix("seed"))
+        rows = {}
+        for name in args.models:
+            if MODELS[name] is None:
+                rows[name] = popularity_row(_config(args, ws, seed, name, overrides), ws)
+            elif (folder / name / "metrics.json").exists():
+                rows[name] = run_row(folder / name)
+        if all(name in rows for name in args.models):
+            per_seed[seed] = rows
+        else:
+            print(f"# seed {seed}: skipped, unfinished: {[n for n in args.models if n not in rows]}")
+    return per_seed
+
+
+def _config(args, ws: Workspace, seed: int, name: str, overrides: dict[str, str]):
+    from models.config import TrainRunConfig
+
+    return load_config(
+        TrainRunConfig,
+        args.config,
+        {
+            "training_set": args.training_set,
+            "tracking.enabled": "false",
+            "resume": "false",
+            "optim.seed": str(seed),
+            "output_dir": str(ws.root / "sequential" / f"seed{seed}" / name),
+            **(MODELS[name] or {}),
+            **overrides,
+        },
+    )
 
 
 def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
     """Where one training step's time goes (ms, mean over ``steps`` steps after one warm-up): building the
     batch, the sequence encoder forward, the next-item head forward (queries, item vectors, softmax), backward,
     and the optimizer step."""
-    import numpy as np
     import torch
 
     from models.sequential.objective import next_item_loss
@@ -145,24 +193,10 @@ class _Cached:
 
 
 def run_seed(args, seed: int, overrides: dict[str, str]) -> dict[str, dict]:
-    from models.config import TrainRunConfig
-
     ws = Workspace(Path(args.workspace).resolve())
     rows = {}
     for name in args.models:
-        cfg = load_config(
-            TrainRunConfig,
-            args.config,
-            {
-                "training_set": args.training_set,
-                "tracking.enabled": "false",
-                "resume": "false",
-                "optim.seed": str(seed),
-                "output_dir": str(ws.root / "sequential" / f"seed{seed}" / name),
-                **(MODELS[name] or {}),
-                **overrides,
-            },
-        )
+        cfg = _config(args, ws, seed, name, overrides)
         if args.profile:
             if MODELS[name] is not None:
                 rows[name] = step_profile(cfg, ws)
@@ -287,6 +321,9 @@ def main() -> None:
     p.add_argument("--title", default="", help="section title (default: the training set's name)")
     p.add_argument("--json", help="write the per-seed rows and the summary here")
     p.add_argument("--docs", help="write the table into this markdown file (its section for this set)")
+    p.add_argument(
+        "--collect", action="store_true", help="train nothing: table the finished runs of the workspace"
+    )
     p.add_argument("--profile", action="store_true", help="only time the phases of a training step per model")
     p.add_argument(
         "--merge",
@@ -308,16 +345,18 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=2))
         return
-    per_seed: dict[int, dict] = {}
+    per_seed: dict[int, dict] = collect(args, overrides) if args.collect else {}
     for path in filter(None, args.merge.split(",")):
         per_seed |= {int(k): v for k, v in json.loads(Path(path).read_text())["per_seed"].items()}
-    for seed in [] if args.merge else seeds:  # the JSON is rewritten after each seed: a stop keeps the rest
+    for seed in (
+        [] if args.merge or args.collect else seeds
+    ):  # the JSON is rewritten after each seed: a stop keeps the rest
         per_seed[seed] = run_seed(args, seed, overrides)
         if args.json:
             Path(args.json).write_text(json.dumps({"per_seed": per_seed, "summary": summarize(per_seed)},
                                                   indent=2, default=float))  # fmt: skip
     out = {"per_seed": per_seed, "summary": summarize(per_seed)}
-    if args.json and args.merge:
+    if args.json and (args.merge or args.collect):
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
     section = markdown(out["summary"], title, command)
     print("\n" + section)
