@@ -278,14 +278,10 @@ def markdown(summary: dict, title: str, command: str) -> str:
 
 def write_docs(path: Path, key: str, section: str) -> None:
     """Replace (or append) the section between ``<!-- sequential:key -->`` markers."""
-    begin, end = f"<!-- sequential:{key} -->", f"<!-- /sequential:{key} -->"
-    text = path.read_text() if path.exists() else "# Next-item recommendation on positive-only logs\n"
-    block = f"{begin}\n{section}{end}"
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+    from gemflow.markdown import write_marked_section
+
+    title = "# Next-item recommendation on positive-only logs"
+    write_marked_section(path, f"<!-- sequential:{key} -->", f"<!-- /sequential:{key} -->", section, title)
 
 
 def plot(summary: dict, title: str, path: Path) -> None:

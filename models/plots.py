@@ -19,17 +19,7 @@ def learning_curve_plot(history: list[dict[str, float]], path: Path) -> Path:
     ax.plot(
         epochs, [h.get("valid_conversion_ne", np.nan) for h in history], "s--", label="valid NE (conversion)"
     )
-    trained = [h for h in history if "train_loss" in h]
-    if trained:
-        ax2 = ax.twinx()
-        ax2.plot(
-            [h["epoch"] for h in trained],
-            [h["train_loss"] for h in trained],
-            "^:",
-            color="gray",
-            label="train loss",
-        )
-        ax2.set_ylabel("train loss")
+    _train_loss_axis(ax, history)
     ax.set_xlabel("epoch")
     ax.set_ylabel("normalized entropy")
     ax.legend(loc="upper right")
@@ -38,6 +28,15 @@ def learning_curve_plot(history: list[dict[str, float]], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _train_loss_axis(ax, history: list[dict[str, float]]) -> None:
+    """The train loss per epoch on a second y axis (gray): the untrained epoch 0 has none."""
+    trained = [h for h in history if "train_loss" in h]
+    if trained:
+        ax2 = ax.twinx()
+        ax2.plot([h["epoch"] for h in trained], [h["train_loss"] for h in trained], "^:", color="gray")
+        ax2.set_ylabel("train loss (gray)")
 
 
 def calibration_plot(labels: np.ndarray, preds: np.ndarray, path: Path, bins: int = 10) -> Path:
@@ -67,11 +66,7 @@ def ranking_curve_plot(history: list[dict[str, float]], metric: str, path: Path)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(epochs, [h.get(metric, np.nan) for h in history], "o-", label=f"{metric} (99 sampled)")
     ax.plot(epochs, [h.get(full, np.nan) for h in history], "s--", label=f"{metric} (all items)")
-    trained = [h for h in history if "train_loss" in h]
-    if trained:
-        ax2 = ax.twinx()
-        ax2.plot([h["epoch"] for h in trained], [h["train_loss"] for h in trained], "^:", color="gray")
-        ax2.set_ylabel("train loss (gray)")
+    _train_loss_axis(ax, history)
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric.removeprefix("valid_"))
     ax.legend(loc="lower right")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gemflow.markdown import write_marked_section
 from models.scaling.config import ALL_ACTIONS, ScalingConfig
 from models.scaling.fit import fit_log_linear, fit_power_law, frontier
 
@@ -368,12 +369,4 @@ def markdown(
 def write_section(doc: Path, section: str, body: str) -> None:
     """Replace (or append) the block between this section's markers in ``doc``."""
     begin, end = f"<!-- scaling:{section}:begin -->", f"<!-- scaling:{section}:end -->"
-    text = doc.read_text() if doc.exists() else "# Scaling laws\n"
-    block = f"{begin}\n{body}{end}"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
+    write_marked_section(doc, begin, end, body, "# Scaling laws")

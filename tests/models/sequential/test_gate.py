@@ -13,6 +13,13 @@ from models.registry.heldout import bundle_metrics
 from models.train import train
 
 
+def _small(name: str, out, epochs: int) -> dict:
+    return {
+        "training_set": name, "output_dir": str(out), "tracking.enabled": False, "resume": False,
+        "optim.epochs": epochs, "optim.batch_size": 64, "user_model.d_model": 16, "user_model.max_history": 16,
+    }  # fmt: skip
+
+
 def test_ranking_gate_decisions():
     cfg = GateConfig(min_relative_ndcg_gain=0.01)
     assert decide({"ndcg@10": 0.30}, None, cfg) == (True, "no champion yet")
@@ -28,11 +35,7 @@ def test_ranking_gate_decisions():
 
 def test_the_gate_scores_a_next_item_model_as_training_did(loo_set, tmp_path):
     ws, name = loo_set
-    overrides = {
-        "training_set": name, "output_dir": str(tmp_path), "tracking.enabled": False, "resume": False,
-        "optim.epochs": 2, "optim.batch_size": 64, "user_model.d_model": 16, "user_model.max_history": 16,
-    }  # fmt: skip
-    result = train(load_config(TrainRunConfig, None, overrides), ws)
+    result = train(load_config(TrainRunConfig, None, _small(name, tmp_path, epochs=2)), ws)
     judged = bundle_metrics(load_bundle(result.run_dir), TrainingSet(ws.training(name)), "test")
     assert "ne" not in judged
     for key in ("ndcg@10", "hr@10", "mrr", "full_ndcg@10"):
@@ -49,10 +52,7 @@ def test_evaluate_cli_ranks_a_next_item_model_and_the_click_head_refuses(loo_set
     from models.train import prepare
 
     ws, name = loo_set
-    overrides = {
-        "training_set": name, "output_dir": str(tmp_path), "tracking.enabled": False, "resume": False,
-        "optim.epochs": 1, "optim.batch_size": 64, "user_model.d_model": 16, "user_model.max_history": 16,
-    }  # fmt: skip
+    overrides = _small(name, tmp_path, epochs=1)
     result = train(load_config(TrainRunConfig, None, overrides), ws)
     out = CliRunner().invoke(
         app, ["evaluate", "-r", str(result.run_dir), "-t", name, "--workspace", str(ws.root)]
