@@ -67,3 +67,16 @@ def test_sasrec_trains_through_the_same_loop(loo_set, tmp_path, loss):
     result = _train(ws, name, tmp_path, model="sasrec", **{"next_item.loss": loss})
     assert load_bundle(result.run_dir).kind == "sasrec"
     assert result.metrics["test_hr@10"] > _popularity(ws, name)["test_hr@10"] + 0.2
+
+
+def test_the_objective_follows_the_split_and_multi_process_training_says_why_not(loo_set, tmp_path):
+    from models.sequential.task import NextItemTask
+    from models.train import ClickTask, make_task, prepare
+
+    ws, name = loo_set
+    cfg = load_config(TrainRunConfig, None, {**BASE, "training_set": name, "output_dir": str(tmp_path)})
+    assert isinstance(make_task(cfg, ws), NextItemTask)  # auto: a leave-one-out set asks for the next item
+    click = load_config(TrainRunConfig, None, {**BASE, "training_set": name, "user_model.objective": "click"})
+    assert isinstance(make_task(click, ws), ClickTask)
+    with pytest.raises(ValueError, match="trains in one process"):
+        prepare(cfg, ws)  # what the DeepSpeed trainer builds on
