@@ -1,9 +1,9 @@
-"""The float8 GEMM, and on CPU the faster of the real one and an emulation, chosen once per process.
+"""The float8 GEMM, and on CPU the faster of the real one and an emulation, chosen once per process (or run).
 
 ``torch._scaled_mm`` on CPU depends on the vendor by four orders of magnitude: 0.03 GFLOP/s on an Intel Xeon
-with AMX against 394 for a bf16 matmul of the same shape, 0.41x bf16 on an AMD EPYC. The emulation reads the
+with AMX against 394 for a bf16 matmul of the same shape, 0.1-0.4x bf16 on an AMD EPYC. The emulation reads the
 same float8 operands and scales and multiplies them in bf16: every e4m3 / e5m2 value is exact in bf16, the
-matmul accumulates in fp32, and the scales are applied to its output (one extra bf16 rounding, ~2^-8 relative).
+matmul accumulates in fp32, and the scales are applied to its output (one extra bf16 rounding, <= 2^-9 relative).
 So the recipe's numerics (which tensors are cast, how they are scaled) stay those of float8 training; only
 the GEMM's speed changes. GPUs always run ``torch._scaled_mm``.
 

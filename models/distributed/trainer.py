@@ -65,6 +65,7 @@ class RunState:
     run_id: str | None = None
     left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
     replicated_tables: list[str] = field(default_factory=list)  # the rest sharded (checkpoint layout)
+    fp8_gemm: str = ""  # the float8 GEMM the run chose: a resume keeps it (the two paths round differently)
 
 
 class PhaseClock:
@@ -240,6 +241,7 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
     import torch.distributed.checkpoint as dcp
 
     state.replicated_tables = p.sparse.replicated_tables
+    state.fp8_gemm = p.fp8_gemm
 
     def write(folder: Path) -> None:
         p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
@@ -263,6 +265,9 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
 
     state = RunState(**json.loads((path / "state.json").read_text()))
     check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
+    if p.device.type == "cpu" and p.fp8_gemm and state.fp8_gemm:
+        set_cpu_gemm(state.fp8_gemm)  # what the probe chose now may differ: continue as the run began
+        p.fp8_gemm = state.fp8_gemm
     with weights_only_engine_loads(p.engine):
         p.engine.load_checkpoint(str(path / "dense"), tag="engine")
     dmp = p.sparse.dmp
