@@ -19,7 +19,8 @@ Scaling efficiency = tokens/s(2 ranks x 1 thread) / (2 x tokens/s(1 rank x 1 thr
 global token budget per step (strong scaling: each of 2 ranks gets half of ``--tokens-per-step``).
 Per configuration it also prints where rank 0's step goes (sparse forward, dense forward, backward, optimizer
 step; CPU | wall ms), from ``perf.json`` (``GEMFLOW_PROFILE_DIR=<dir>`` adds a torch.profiler table per rank).
-FP8 vs bf16 at 2 ranks: throughput ratio and NE (torchao float8 is emulated on CPU: slower here, by design).
+FP8 vs bf16 at 2 ranks: throughput ratio and NE, and which float8 GEMM ran (on CPU the faster of torch._scaled_mm
+and its bf16 emulation, measured at launch; ``--fp8-cpu-gemm scaled_mm|emulated`` forces one).
 Goals on this 2-core CPU: MFU >= 30% of the bf16 peak at d_model >= 256; scaling efficiency >= 0.8.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
 machine (about 2-3 minutes: five launches of ~20-30 s each, the emulated-FP8 one ~40 s).
@@ -90,6 +91,16 @@ def run_config(
     return {**perf, "valid_ne": metrics["valid_ne"], "initial_valid_ne": metrics.get("initial_valid_ne")}
 
 
+def fp8_gemm_line(perf: dict) -> str:
+    """Which float8 GEMM a run used, with the launch-time probe's GFLOP/s when it was measured (not forced)."""
+    g = perf.get("fp8_gemm_gflops")
+    if not g:
+        return f"{perf['fp8_gemm']} (forced)"
+    return (f"{perf['fp8_gemm']} (probe, 1 rank: torch._scaled_mm {g['scaled_mm']:.2f} GFLOP/s = "
+            f"{g['scaled_mm'] / g['bf16']:.3g}x bf16 {g['bf16']:.1f}; emulated {g['emulated']:.1f} = "
+            f"{g['emulated'] / g['bf16']:.2f}x)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=256)
@@ -108,6 +119,12 @@ def main() -> None:
                              "bench's catalog is tiny (81 ads, users + 1 rows): 40 keeps the ad and user tables "
                              "sharded, as at production scale, and replicates the vocabularies (actions, "
                              "surfaces, categories, advertisers, time gaps)")  # fmt: skip
+    parser.add_argument(
+        "--fp8-cpu-gemm",
+        default="auto",
+        choices=("auto", "scaled_mm", "emulated"),
+        help="the FP8 configuration's float8 GEMM on CPU (distributed.fp8.cpu_gemm)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--only", nargs="*", default=None, help="subset of the configuration names")
     args = parser.parse_args()
@@ -131,12 +148,16 @@ def main() -> None:
     for name, (nproc, threads, overrides) in CONFIGS.items():
         if args.only and name not in args.only:
             continue
+        if "distributed.fp8.recipe" in overrides:
+            overrides = {**overrides, "distributed.fp8.cpu_gemm": args.fp8_cpu_gemm}
         r = results[name] = run_config(ws, name, nproc, threads, overrides, args, bf16_wall)
         r["mfu_cpu"] = r["model_tflops_per_cpu_core_second"] / bf16_cpu
         if threads > 1:  # idle intra-op threads spin: their CPU time is no measure of work (wall only)
             r["mfu_cpu"] = r["tokens_per_critical_cpu_second"] = float("nan")
         print(f"  done: {name}: {r['tokens_per_second']:.0f} tokens/s (wall), "
               f"{r['tokens_per_critical_cpu_second']:.0f} (cpu)", flush=True)  # fmt: skip
+        if r.get("fp8_gemm"):
+            print(f"  float8 GEMM that ran: {fp8_gemm_line(r)}", flush=True)
 
     print(f"\n{'configuration':<26} {'tok/s wall':>10} {'MFU wall':>8} {'tok/s cpu':>9} {'MFU cpu':>7} "
           f"{'step s':>7} {'tok imbal':>9} {'cpu imbal':>9} {'valid NE':>9}")  # fmt: skip
@@ -162,7 +183,7 @@ def main() -> None:
         print(f"FP8 / bf16 throughput at 2 ranks: wall {fp8['tokens_per_second'] / two['tokens_per_second']:.2f}x, "
               f"cpu {fp8['tokens_per_critical_cpu_second'] / two['tokens_per_critical_cpu_second']:.2f}x; "
               f"valid NE bf16 {two['valid_ne']:.4f} vs FP8 {fp8['valid_ne']:.4f} "
-              f"({(fp8['valid_ne'] / two['valid_ne'] - 1):+.2%})")  # fmt: skip
+              f"({(fp8['valid_ne'] / two['valid_ne'] - 1):+.2%}); float8 GEMM: {fp8_gemm_line(fp8)}")  # fmt: skip
     bf16 = [r for name, r in results.items() if "bf16" in name]
     if bf16:
         print(f"best bf16 MFU: wall {max(r['mfu'] for r in bf16):.1%}, cpu {max(r['mfu_cpu'] for r in bf16):.1%} "

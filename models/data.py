@@ -21,6 +21,7 @@ import torch
 
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
+from models.transforms import lengths, normalize_age, time_bucket
 
 EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
 CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
@@ -55,15 +56,6 @@ class TrainingSetError(ValueError):
     """A training-set folder is missing a file or a column, or holds inconsistent rows."""
 
 
-def time_bucket(gap_seconds: np.ndarray | torch.Tensor, num_buckets: int):
-    """floor(log2(1 + |gap|)) clamped to the table: the same buckets as the attention's time bias."""
-    if isinstance(gap_seconds, torch.Tensor):
-        return torch.floor(torch.log2(1.0 + gap_seconds.abs().double())).long().clamp(0, num_buckets - 1)
-    return np.clip(
-        np.floor(np.log2(1.0 + np.abs(gap_seconds.astype(np.float64)))), 0, num_buckets - 1
-    ).astype(np.int64)
-
-
 # ----------------------------------------------------------------------------------------------- batch types
 @dataclass
 class Events:
@@ -80,7 +72,7 @@ class Events:
 
     @property
     def lengths(self) -> torch.Tensor:
-        return self.offsets[1:] - self.offsets[:-1]
+        return lengths(self.offsets)
 
     @property
     def batch_size(self) -> int:
@@ -438,8 +430,7 @@ class BatchBuilder:
         self.dense = dense.apply(data.dense_frame())
         frame = data.dense_frame()
         age = profile_column(frame, "age")
-        age = np.zeros(len(frame)) if age is None else age
-        self.age = ((np.nan_to_num(age) - 40.0) / 15.0).astype(np.float32)[:, None]
+        self.age = normalize_age(np.zeros(len(frame)) if age is None else age)
         self.user_embeddings, self.user_present, self.k = user_embeddings, user_present, num_user_tokens
         if user_embeddings is not None and (
             num_user_tokens < 1 or user_embeddings.shape[1] % num_user_tokens

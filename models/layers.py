@@ -11,10 +11,7 @@ import torch
 from torch import nn
 
 from models.attention import dispatch
-
-
-def lengths(offsets: torch.Tensor) -> torch.Tensor:
-    return offsets[1:] - offsets[:-1]
+from models.transforms import lengths
 
 
 def segment_ids(offsets: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ from models.layers import (
     segment_mean,
 )
 from models.tokenizer import GAP_TABLE, DenseTokens, EventTokenizer, SparseArch, event_features, event_ids
+from models.transforms import lengths
 
 PROFILE_TOKENS = 3  # age, gender, country
 
@@ -129,7 +130,7 @@ class Ranker(nn.Module):
         if self._gather_directly():
             ids = sum(self._embed(f, getattr(cands, f)) for f in CANDIDATE_ID_FIELDS)
         else:
-            per_user = cands.offsets[1:] - cands.offsets[:-1]
+            per_user = lengths(cands.offsets)
             emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
             ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
         q0 = self.query_norm(ids + self.query_dense(cands.dense))  # the candidate's one token

@@ -4,8 +4,8 @@
   bucketed against the request time (``time_bucket(request_ts - ts)``, as ``BatchBuilder(gap_to="request")``);
   an event's advertiser comes from the ad table; its surface from ``recent_surfaces`` when the view has it,
   else ``MISSING_SURFACE`` (counted: the ``user_recent_events`` view does not carry surfaces yet);
-- profile: gender / country ids (missing -> -1, the OOV row), age as ``(age - 40) / 15`` (missing -> 0 years,
-  as ``nan_to_num`` does in training);
+- profile: gender / country ids (missing -> -1, the OOV row), age through ``models.transforms.normalize_age``
+  (missing -> 0 years, as in training);
 - candidates: ids from the ad table (unknown ad -> -1, the OOV row), the request's surface, dense features
   through the trained ``DenseSpec`` (``apply`` itself, computed once per ad-table snapshot);
 - cached user tokens: the embedding split into ``num_user_tokens`` tokens.
@@ -20,12 +20,12 @@ import pandas as pd
 import torch
 
 from features.schema import SURFACE_ID
-from models.data import Candidates, DenseSpec, Events, Profile, time_bucket
+from models.data import Candidates, DenseSpec, Events, Profile
+from models.transforms import normalize_age, time_bucket
 from serving.ad_table import AdSnapshot
 from serving.user_features import UserFeatures
 
 MISSING_SURFACE = SURFACE_ID["feed"]
-AGE_CENTER, AGE_SCALE = 40.0, 15.0  # models.data.BatchBuilder's age normalization
 
 
 @dataclass
@@ -119,14 +119,14 @@ def recent_events(
 
 
 def profile(user_id: int, feats: UserFeatures | None) -> Profile:
-    age = feats.age if feats is not None and feats.age is not None and np.isfinite(feats.age) else 0.0
+    age = feats.age if feats is not None and feats.age is not None else np.nan
     gender = feats.gender if feats is not None and feats.gender is not None else -1
     country = feats.country if feats is not None and feats.country is not None else -1
     return Profile(
         user_id=torch.tensor([user_id]),
         gender=torch.tensor([gender]),
         country=torch.tensor([country]),
-        dense=torch.tensor([[(age - AGE_CENTER) / AGE_SCALE]], dtype=torch.float32),
+        dense=torch.from_numpy(normalize_age(age)),
     )
 
 

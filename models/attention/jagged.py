@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from models.attention import validate
-from models.attention.reference import pos_bucket, time_bucket
+from models.attention.reference import pos_bucket
+from models.transforms import lengths, time_bucket
 
 PAD_BUDGET = 0.125  # at most this fraction of a bucket's tokens is padding (above SHORT_LEN)
 SHORT_LEN = 16  # sequences this short share one bucket: their padding costs less than another kernel call
@@ -160,7 +161,7 @@ def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
 
 def plan_self(offsets: torch.Tensor) -> Layout:
     """Buckets of the non-empty sequences of ``offsets``: ``length_class`` groups, merged by ``merge_groups``."""
-    lens = offsets[1:] - offsets[:-1]
+    lens = lengths(offsets)
     return layout(
         merge_on_each_side_of_the_cliff(group_sequences(length_class(lens), lens > 0), lens, lens), offsets
     )
@@ -168,8 +169,7 @@ def plan_self(offsets: torch.Tensor) -> Layout:
 
 def plan_cross(q_offsets: torch.Tensor, kv_offsets: torch.Tensor) -> tuple[Layout, Layout]:
     """Matching query and key buckets over the sequences that have both queries and keys."""
-    q_lens = q_offsets[1:] - q_offsets[:-1]
-    kv_lens = kv_offsets[1:] - kv_offsets[:-1]
+    q_lens, kv_lens = lengths(q_offsets), lengths(kv_offsets)
     # A sequence costs (its query length x its key length): bucket on both length classes.
     q_cls = length_class(q_lens)
     classes = length_class(kv_lens) * (int(q_cls.max()) + 1 if q_cls.numel() else 1) + q_cls

@@ -18,9 +18,7 @@ import math
 
 import torch
 
-
-def lengths(offsets: torch.Tensor) -> torch.Tensor:
-    return offsets[1:] - offsets[:-1]
+from models.transforms import lengths, time_bucket  # one definition, shared with the data pipeline
 
 
 def pad(
@@ -42,17 +40,6 @@ def unpad(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def pos_bucket(rel: torch.Tensor, max_rel: int) -> torch.Tensor:
     return rel.clamp(-max_rel, max_rel) + max_rel
-
-
-def time_bucket(dt_seconds: torch.Tensor, num_buckets: int, out_int32: bool = False) -> torch.Tensor:
-    """floor(log2(1 + |dt|)) clamped to [0, T - 1]: bucket k >= 1 holds the gaps in [2^k - 1, 2^(k+1) - 1).
-
-    Counted by binary search against those exact integer edges (no log2 rounding at powers of two).
-    """
-    wide = torch.float64 if dt_seconds.is_floating_point() else torch.int64
-    gap = dt_seconds.abs().to(wide)
-    edges = torch.pow(2, torch.arange(1, num_buckets, device=gap.device, dtype=torch.int64)).sub_(1).to(wide)
-    return torch.bucketize(gap, edges, right=True, out_int32=out_int32)
 
 
 def relative_bias(

@@ -7,6 +7,7 @@
     ds_config.py   the DeepSpeed config generated from our dataclass config (ZeRO, bf16, clipping, AdamW)
     moe.py         expert-parallel MoE feed-forward blocks (deepspeed.moe.layer.MoE), swapped in per layer
     fp8.py         torchao float8 training on attention / FFN linears, with a shape guard
+    fp8_gemm.py    the float8 GEMM: on CPU the faster of torch._scaled_mm and a bf16 emulation, chosen once
     batching.py    batches built to a token budget and split across ranks with equal tokens
     checkpoint.py  atomic checkpoints: sparse (torch.distributed.checkpoint) + dense (engine) + data + RNG
     mfu.py         FLOPs per step (analytic, checked against FlopCounterMode), matmul peak, MFU

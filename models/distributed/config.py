@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 FP8_RECIPES = ("none", "tensorwise", "rowwise")
 FP8_GROUPS = ("attention", "ffn")
+FP8_CPU_GEMMS = ("auto", "scaled_mm", "emulated")  # models.distributed.fp8_gemm.CPU_GEMMS
 SHARDINGS = ("table_wise", "row_wise")
 SPARSE_COMMS = ("auto", "fp32", "bf16")
 LAUNCHERS = ("torchrun", "deepspeed")
@@ -38,6 +39,9 @@ class Float8Config:
     recipe: str = "none"  # "none" | "tensorwise" | "rowwise"
     groups: list[str] = field(default_factory=lambda: list(FP8_GROUPS))  # "attention", "ffn"
     min_features: int = 64  # smaller Linears gain nothing from float8 (and scaling costs more than it saves)
+    # the float8 GEMM on CPU: "auto" = the faster of torch._scaled_mm and its bf16 emulation, measured once per
+    # run (_scaled_mm is ~13,000x slower than bf16 on some Intel CPUs); "scaled_mm" | "emulated" force one
+    cpu_gemm: str = "auto"
 
 
 @dataclass
@@ -96,6 +100,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
         raise ValueError(f"distributed.tokens_per_step={cfg.tokens_per_step} is below nproc={cfg.nproc}")
     if cfg.fp8.recipe not in FP8_RECIPES:
         raise ValueError(f"distributed.fp8.recipe must be one of {FP8_RECIPES}, got {cfg.fp8.recipe!r}")
+    if cfg.fp8.cpu_gemm not in FP8_CPU_GEMMS:
+        raise ValueError(f"distributed.fp8.cpu_gemm must be one of {FP8_CPU_GEMMS}, got {cfg.fp8.cpu_gemm!r}")
     unknown = sorted(set(cfg.fp8.groups) - set(FP8_GROUPS))
     if unknown:
         raise ValueError(f"distributed.fp8.groups: unknown group(s) {unknown}; known: {list(FP8_GROUPS)}")

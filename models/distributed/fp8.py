@@ -8,6 +8,7 @@ Guard: a Linear whose in/out features are not multiples of 16 (the float8 GEMM t
 ``min_features`` (scaling overhead exceeds the gain) stays in bf16.
 
 The swap keeps the Parameter objects, so DeepSpeed's MoE parameter grouping, done after it, still sees them.
+Every float8 GEMM goes through ``fp8_gemm``: on CPU the faster of ``torch._scaled_mm`` and its emulation.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from models.distributed.config import Float8Config
+from models.distributed.fp8_gemm import route_torchao_gemm, scaled_mm
 
 # Module-path fragments of each group (paths inside the dense tower, i.e. the UserModel minus its embeddings)
 GROUP_PATTERNS = {
@@ -63,6 +65,7 @@ def convert_to_float8(module: nn.Module, cfg: Float8Config) -> list[str]:
     keep = float8_filter(cfg)
     chosen = [name for name, m in module.named_modules() if keep(m, name)]
     if chosen:
+        route_torchao_gemm()
         convert_to_float8_training(
             module, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cfg.recipe)
         )
@@ -90,7 +93,7 @@ class _ScaledMMLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         x8, sx = _to_float8(x, E4M3)
         w8, sw = _to_float8(weight, E4M3)
-        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype)
+        y = scaled_mm(x8, w8.t(), sx, sw, x.dtype)
         ctx.save_for_backward(x8, sx, w8, sw)
         ctx.has_bias, ctx.weight_dtype = bias is not None, weight.dtype
         return y + bias.to(y.dtype) if bias is not None else y
@@ -99,16 +102,14 @@ class _ScaledMMLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x8, sx, w8, sw = ctx.saved_tensors
         g8, sg = _to_float8(grad, E5M2)
-        grad_x = torch._scaled_mm(g8, _col_major(w8), scale_a=sg, scale_b=sw, out_dtype=grad.dtype)
-        grad_w = torch._scaled_mm(
-            g8.t().contiguous(), _col_major(x8), scale_a=sg, scale_b=sx, out_dtype=grad.dtype
-        )
+        grad_x = scaled_mm(g8, _col_major(w8), sg, sw, grad.dtype)
+        grad_w = scaled_mm(g8.t().contiguous(), _col_major(x8), sg, sx, grad.dtype)
         grad_b = grad.sum(0).to(ctx.weight_dtype) if ctx.has_bias else None
         return grad_x, grad_w.to(ctx.weight_dtype), grad_b
 
 
 class ScaledMMLinear(nn.Linear):
-    """A Linear trained with float8 GEMMs through ``torch._scaled_mm`` alone (torchao's tensorwise recipe,
+    """A Linear trained with float8 GEMMs through ``fp8_gemm.scaled_mm`` alone (torchao's tensorwise recipe,
     without torchao): for machines that have a float8-capable torch but not torchao (the stock GPU image
     ``bench/gpu_train.sh`` meets). Rows are zero-padded to a multiple of 16 (the float8 GEMM tile), so jagged
     token counts work; in/out features must be multiples of 16 (``shape_ok``)."""

@@ -26,6 +26,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models.data import Batch, Events
 from models.tokenizer import SparseArch, event_ids
+from models.transforms import lengths
 from models.user_model import UserModel
 
 NEXT_NEGATIVE = "next_negative"
@@ -87,7 +88,7 @@ def sparse_ids(model: UserModel, batch: Batch, generator: torch.Generator | None
     h, c = batch.history, batch.candidates
     b, device = h.batch_size, h.offsets.device
     ones = torch.ones(b, dtype=torch.int64, device=device)
-    per_user = c.offsets[1:] - c.offsets[:-1]
+    per_user = lengths(c.offsets)
     ids = {**event_ids("hist", h), "user_id": (batch.profile.user_id, ones)}
     ids |= {
         f"cand_{f}": (getattr(c, f), per_user) for f in ("ad_id", "advertiser_id", "category_id", "surface")

@@ -40,6 +40,7 @@ from models.distributed.checkpoint import CheckpointStore, load_state, save_stat
 from models.distributed.config import validate_distributed
 from models.distributed.ds_config import deepspeed_config
 from models.distributed.fp8 import convert_to_float8
+from models.distributed.fp8_gemm import figures, set_cpu_gemm, use_cpu_gemm
 from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
@@ -64,6 +65,7 @@ class RunState:
     run_id: str | None = None
     left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
     replicated_tables: list[str] = field(default_factory=list)  # the rest sharded (checkpoint layout)
+    fp8_gemm: str = ""  # the float8 GEMM the run chose: a resume keeps it (the two paths round differently)
 
 
 class PhaseClock:
@@ -100,6 +102,7 @@ class Parts:
     tower: DenseTower
     setup: object  # models.train.Setup
     fp8_modules: list[str]
+    fp8_gemm: str = ""  # the float8 GEMM that runs: "scaled_mm" | "emulated" ("" without float8)
     clock: PhaseClock = field(default_factory=PhaseClock)
 
 
@@ -153,7 +156,18 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     engine, *_ = deepspeed.initialize(
         model=tower, model_parameters=groups, config=deepspeed_config(cfg, world)
     )
-    return Parts(cfg, rank, world, device, dtype, lookup, engine, tower, setup, fp8_modules)
+    fp8_gemm = _fp8_gemm(dc.fp8.cpu_gemm, device, rank) if fp8_modules else ""
+    return Parts(cfg, rank, world, device, dtype, lookup, engine, tower, setup, fp8_modules, fp8_gemm)
+
+
+def _fp8_gemm(mode: str, device: torch.device, rank: int) -> str:
+    """The float8 GEMM path: on CPU rank 0 chooses (measured once) and every rank adopts it, so ranks agree."""
+    if device.type != "cpu":
+        return "scaled_mm"
+    path = [use_cpu_gemm(mode) if rank == 0 else None]
+    dist.broadcast_object_list(path, src=0)
+    set_cpu_gemm(path[0])
+    return path[0]
 
 
 # ----------------------------------------------------------------------------------------------- steps
@@ -227,6 +241,7 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
     import torch.distributed.checkpoint as dcp
 
     state.replicated_tables = p.sparse.replicated_tables
+    state.fp8_gemm = p.fp8_gemm
 
     def write(folder: Path) -> None:
         p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
@@ -250,6 +265,9 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
 
     state = RunState(**json.loads((path / "state.json").read_text()))
     check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
+    if p.device.type == "cpu" and p.fp8_gemm and state.fp8_gemm:
+        set_cpu_gemm(state.fp8_gemm)  # what the probe chose now may differ: continue as the run began
+        p.fp8_gemm = state.fp8_gemm
     with weights_only_engine_loads(p.engine):
         p.engine.load_checkpoint(str(path / "dense"), tag="engine")
     dmp = p.sparse.dmp
@@ -336,7 +354,7 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
     tracker = _tracker(cfg, ws, state) if rank0 else None
     if tracker is not None:
         state.run_id = tracker.run_id
-        tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "moe_layers": len(moe_layers(p.tower)),
+        tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "fp8_gemm": p.fp8_gemm or "none", "moe_layers": len(moe_layers(p.tower)),
                             "steps": len(plan), "train_examples": len(p.setup.train_rows)})  # fmt: skip
     try:
         stats = _train(p, plan, state, store, tracker)
@@ -482,6 +500,8 @@ def _write_perf(p: Parts, run_dir: Path, stats: list[dict], cpu_by_rank: list[li
         "critical_cpu_seconds_per_step": [float(c) for c in cpu.max(0)],
         "step_seconds": [float(r["seconds"]) for r in timed],
         "fp8_linears": len(p.fp8_modules),
+        "fp8_gemm": p.fp8_gemm,  # which float8 GEMM ran, and the probe's GFLOP/s when rank 0 measured it
+        "fp8_gemm_gflops": figures() if p.fp8_gemm else None,
         "moe_layers": len(moe_layers(p.tower)),
         # rank 0's mean seconds per step in each phase (wall includes waiting for the other ranks)
         "phase_seconds_mean": {

@@ -40,9 +40,10 @@ from features.schema import HISTORY_FIELDS
 from features.stats import read_events
 from gemflow.config import save_config, to_dict
 from gemflow.workspace import Workspace
-from models.data import Events, time_bucket
+from models.data import Events
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
 from models.inference import ModelBundle, load_bundle, save_bundle
+from models.transforms import lengths, time_bucket
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class UserSequences:
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
+        return lengths(self.offsets)
 
     def take(self, rows: np.ndarray, last: int | None = None) -> UserSequences:
         """The users ``rows`` (in that order), each cut to its ``last`` most recent events."""

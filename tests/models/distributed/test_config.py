@@ -75,6 +75,7 @@ def test_cli_style_overrides_reach_the_nested_sections():
         ),
         ({"fp8_recipe": "e4m3"}, [], "fp8.recipe must be one of"),
         ({"fp8_groups": ["heads"]}, [], "unknown group"),
+        ({"fp8_cpu_gemm": "fast"}, [], "fp8.cpu_gemm must be one of"),
     ],
 )
 def test_invalid_settings_name_the_key(change, ffn, message):
@@ -88,6 +89,8 @@ def test_invalid_settings_name_the_key(change, ffn, message):
             dc.fp8.recipe = value
         elif key == "fp8_groups":
             dc.fp8.groups = value
+        elif key == "fp8_cpu_gemm":
+            dc.fp8.cpu_gemm = value
         else:
             setattr(dc, key, value)
     with pytest.raises(ValueError, match=message):

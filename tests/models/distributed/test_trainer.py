@@ -16,6 +16,7 @@ def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
         world=2,
         cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5)),
         fp8_modules=[],
+        fp8_gemm="",
         tower=nn.Linear(2, 2),
     )
     steps = PERF_WARMUP_STEPS + 2
