@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from models.data import CANDIDATE_ID_FIELDS, BatchBuilder, Candidates, TrainingSet, leave_one_out_split
 from models.inference import ModelBundle, batches, embed_examples, load_bundle
 from models.metrics import rank_metrics
+from models.transforms import lengths
 
 
 @dataclass
@@ -134,7 +135,7 @@ def _next_event_scores(model, builder: BatchBuilder, lists: LooLists, batch_user
         batch = builder(lists.rows[chunk])
         states, _ = model.history_states(batch.history, batch.profile.user_id)
         offsets = batch.history.offsets
-        lengths = offsets[1:] - offsets[:-1]
+        counts = lengths(offsets)
         if len(states):
             last = states[(offsets[1:] - 1).clamp(min=0)]
         else:  # every history in the chunk is empty
@@ -142,7 +143,7 @@ def _next_event_scores(model, builder: BatchBuilder, lists: LooLists, batch_user
         query = F.normalize(model.next_proj(last), dim=-1)  # what the state at the last event predicts next
         ids = torch.from_numpy(lists.items[chunk]).clamp(0, table.shape[0] - 1)
         scores = torch.einsum("ud,ucd->uc", query, table[ids])
-        out.append(torch.where(lengths[:, None] > 0, scores, torch.zeros_like(scores)))  # no history: all tie
+        out.append(torch.where(counts[:, None] > 0, scores, torch.zeros_like(scores)))  # no history: all tie
     return torch.cat(out).numpy()
 
 

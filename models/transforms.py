@@ -26,6 +26,8 @@ def time_bucket(gap_seconds, num_buckets: int, out_int32: bool = False):
     """
     if not isinstance(gap_seconds, torch.Tensor):
         return time_bucket(torch.from_numpy(np.asarray(gap_seconds)), num_buckets, out_int32).numpy()
+    if num_buckets <= 1:  # one bucket (or none: a model that reads no time, e.g. SASRec): every gap is 0
+        return torch.zeros(gap_seconds.shape, dtype=torch.int32 if out_int32 else torch.int64)
     wide = torch.float64 if gap_seconds.is_floating_point() else torch.int64
     gap = gap_seconds.abs().to(wide)
     edges = torch.pow(2, torch.arange(1, num_buckets, device=gap.device, dtype=torch.int64)).sub_(1).to(wide)

@@ -33,6 +33,7 @@ from models.layers import (
 )
 from models.sequential.data import ItemAttributes
 from models.tokenizer import GAP_TABLE, EventTokenizer, SparseArch, event_features, event_ids
+from models.transforms import lengths
 
 
 def user_model_tables(cfg: UserModelConfig, vocab: dict[str, int]) -> dict[str, int]:
@@ -169,7 +170,7 @@ class UserModel(nn.Module):
 
     # ------------------------------------------------------------------------------------- training head
     def candidate_tokens(self, cands: Candidates, batch_size: int) -> torch.Tensor:
-        per_user = cands.offsets[1:] - cands.offsets[:-1]
+        per_user = lengths(cands.offsets)
         ids = {f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}
         emb = self.sparse(ids, batch_size)
         # like an event token: the sum of its id embeddings (one shared space), plus its dense features

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from models.data import Events, TrainingSet, TrainingSetError
+from models.transforms import lengths
 
 
 @dataclass
@@ -79,9 +80,9 @@ class ItemAttributes:
 
     def mean_matrix(self) -> torch.Tensor:
         """(num_ads, num_attributes) sparse CSR: row i averages ad i's attributes (an empty row: zeros)."""
-        lengths = self.offsets[1:] - self.offsets[:-1]
-        weights = (1.0 / lengths.clamp(min=1).float()).repeat_interleave(lengths)
-        rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        counts = lengths(self.offsets)
+        weights = (1.0 / counts.clamp(min=1).float()).repeat_interleave(counts)
+        rows = torch.repeat_interleave(torch.arange(counts.numel()), counts)
         columns = torch.from_numpy(np.lexsort((self.values.numpy(), rows.numpy())))  # CSR: sorted per row
         shape = (self.offsets.numel() - 1, self.num_attributes)
         with warnings.catch_warnings():  # "sparse CSR support is in beta": CSR @ dense is all we use
