@@ -182,7 +182,16 @@ class Gateway:
     async def _admitted(self, is_v2: bool, scope, headers: dict, receive, reply: Reply) -> None:
         lim = self.cfg.limits
         deadline = time.monotonic() + lim.request_timeout_ms / 1e3
-        raw = await self._read_body(scope, headers, receive, reply)
+        try:  # a client trickling its body holds an admission slot: the deadline covers the read too
+            raw = await asyncio.wait_for(
+                self._read_body(scope, headers, receive, reply), lim.request_timeout_ms / 1e3
+            )
+        except TimeoutError:
+            if reply.status is not None:  # the read had already answered (413) when the deadline hit
+                return
+            return await self._refuse(
+                reply, scope, 408, "the body did not arrive within the request deadline", CLOSE
+            )
         if raw is None:
             return
         now = time.time()
