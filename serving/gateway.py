@@ -131,6 +131,8 @@ class Gateway:
             return await reply.json(
                 200, {**detail, "stats": p.stats.snapshot(), "pauses": p.pauses.snapshot()}
             )
+        if not self.predictor.ready:  # unloaded through the (token-guarded) repository extension
+            return await reply.json(503, {"error": f"model {self.predictor.name!r} is not loaded"})
         await self._infer(route == "v2_infer", scope, headers, receive, reply)
 
     async def _repository(self, scope, receive, reply: Reply) -> None:

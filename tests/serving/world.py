@@ -265,15 +265,18 @@ MODEL = "gem-ranker"
 
 
 @contextlib.contextmanager
-def running_server(world: World, port: int, log: Path, *settings: str, ready_timeout: float = 180.0):
-    """A real ``gemflow serve`` process on ``port`` (``settings``: ``key=value`` config overrides), stopped after."""
+def running_server(
+    world: World, port: int, log: Path, *settings: str, ready_timeout: float = 180.0, env: dict | None = None
+):
+    """A real ``gemflow serve`` process on ``port`` (``settings``: ``key=value`` config overrides; ``env``: extra
+    environment, e.g. tokens), stopped after."""
     from serving.client import get
 
     cmd = [sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
            "--model-uri", str(world.model_path), "--http-port", str(port)]  # fmt: skip
     for setting in settings:
         cmd += ["--set", setting]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
