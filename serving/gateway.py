@@ -30,6 +30,7 @@ from serving.schema import RequestError, parse_request
 
 log = logging.getLogger(__name__)
 JSON = (b"content-type", b"application/json")
+NUMPY = orjson.OPT_SERIALIZE_NUMPY
 CLOSE = (b"connection", b"close")
 _MODEL_ROUTES = [  # (method, pattern, route label); the model name is the first group
     ("POST", re.compile(r"/v1/models/([^/:]+):predict"), "v1_predict"),
@@ -196,7 +197,7 @@ class Gateway:
             )
         if raw is None:
             return
-        now = time.time()
+        now, t_parse = time.time(), time.perf_counter()
         bounds = (now - 86400 * lim.request_ts_max_age_days, now + lim.request_ts_max_ahead_s)
         try:
             if is_v2:
@@ -210,6 +211,7 @@ class Gateway:
         except RequestError as err:
             self.predictor.stats.request("rejected")
             return await self._refuse(reply, scope, 400, str(err))
+        parse_ms = 1e3 * (time.perf_counter() - t_parse)
         try:
             result = await asyncio.wait_for(self.predictor.answer(req, deadline), deadline - time.monotonic())
         except (TimeoutError, Cancelled):
@@ -221,13 +223,22 @@ class Gateway:
             )
             return await reply.json(503, {"error": f"the request did not finish within {lim.request_timeout_ms:.0f} ms"},
                                     (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
+        t_encode = time.perf_counter()
         if is_v2:
-            body, extra = v2.encode(v2req, self.predictor.name, result["model_version"], result["request_id"],
-                                    {"ad_ids": result["ad_ids"], "p_click": result["p_click"],
-                                     "p_conversion": result["p_conversion"]}, _v2_parameters(result))  # fmt: skip
-            await reply.body(200, body, extra)
+            arrays = {k: result[k] for k in v2.OUTPUTS}
+            body, extra = v2.encode(v2req, self.predictor.name, result["model_version"], result["request_id"], arrays,
+                                    _v2_parameters(result))  # fmt: skip
         else:
-            await reply.json(200, {"predictions": [result]} if req.wrapped else result)
+            body, extra = (
+                orjson.dumps({"predictions": [result]} if req.wrapped else result, option=NUMPY),
+                [JSON],
+            )
+        encode_ms = 1e3 * (time.perf_counter() - t_encode)
+        await reply.body(200, body, extra)
+        timing = result["timing_ms"]
+        queue_ms = timing["total"] - timing["features"] - timing["build"] - timing["score"]
+        self.predictor.stats.phases(parse=parse_ms, features=timing["features"], queue=queue_ms, build=timing["build"],
+                                    score=timing["score"], encode=encode_ms, total=parse_ms + timing["total"] + encode_ms)  # fmt: skip
         self.predictor.count(result)
 
     async def _read_body(self, scope, headers: dict, receive, reply: Reply) -> bytes | None:

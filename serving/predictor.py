@@ -230,6 +230,7 @@ class RankerPredictor(Model):
     def rank(self, job: Job) -> dict:
         """The scoring of one request (runs on a scoring worker thread)."""
         job.check()  # it may have waited in the pool's queue past its deadline
+        t_build = time.perf_counter()
         served, req, feats = self.served, job.req, job.feats
         ads = self.ad_arrays()
         reasons: list[str] = []
@@ -253,9 +254,10 @@ class RankerPredictor(Model):
         user = UserInputs(recent, build.profile(req.user_id, feats), tokens)
         cands, unknown = build.candidates(req.candidates, req.surface, ads)
         t0 = time.perf_counter()
+        build_ms = 1e3 * (t0 - t_build)
         probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size, job.check)
-        score_ms = 1e3 * (time.perf_counter() - t0)
         order = np.argsort(-probs[:, 0], kind="stable")
+        score_ms = 1e3 * (time.perf_counter() - t0)
         degraded = bool(reasons) or not self.ads.loaded
         snap = ads.snapshot
         return {
@@ -281,6 +283,7 @@ class RankerPredictor(Model):
             },
             "timing_ms": {
                 "features": round(job.fetch_ms, 3),
+                "build": round(build_ms, 3),
                 "score": round(score_ms, 3),
                 "total": round(1e3 * (time.perf_counter() - job.started), 3),
             },

@@ -44,6 +44,8 @@ class ServingStats:
         self.shed: Counter[str] = Counter()
         self.degraded_fraction = 0.0
         self.store_up = False
+        self.phase_ms: Counter[str] = Counter()  # summed wall ms per phase of answered requests
+        self.answered = 0
 
     def request(self, outcome: str) -> None:
         """One answered ranking request: ``ok`` / ``degraded`` (sent 200), ``rejected`` (4xx)."""
@@ -64,6 +66,29 @@ class ServingStats:
         SHED.labels(reason=reason).inc()
         with self._lock:
             self.shed[reason] += 1
+
+    def phases(self, **ms: float) -> None:
+        """One answered request's wall time per phase (parse, features, build, score, encode, total)."""
+        with self._lock:
+            self.answered += 1
+            self.phase_ms.update(ms)
+
+    def model_stats(self, name: str, version: str) -> dict:
+        """The Open Inference Protocol statistics extension's shape (as Triton answers
+        ``GET /v2/models/{name}/stats``): counts and summed nanoseconds per phase."""
+        with self._lock:
+            ns = {k: int(v * 1e6) for k, v in self.phase_ms.items()}
+            n = self.answered
+            failed = sum(v for k, v in self.outcomes.items() if k not in ("ok", "degraded"))
+        d = lambda count, key: {"count": count, "ns": ns.get(key, 0)}  # noqa: E731
+        return {"model_stats": [{
+            "name": name, "version": version, "inference_count": n, "execution_count": n,
+            "inference_stats": {
+                "success": d(n, "total"), "fail": {"count": failed, "ns": 0}, "queue": d(n, "queue"),
+                "compute_input": {"count": n, "ns": ns.get("parse", 0) + ns.get("features", 0) + ns.get("build", 0)},
+                "compute_infer": d(n, "score"), "compute_output": d(n, "encode"),
+            },
+        }]}  # fmt: skip
 
     def store(self, up: bool) -> None:
         self.store_up = up
@@ -97,4 +122,6 @@ class ServingStats:
                 "shed": dict(self.shed),
                 "degraded_fraction": round(self.degraded_fraction, 6),
                 "feature_store_up": self.store_up,
+                "answered": self.answered,
+                "phase_ms_sum": {k: round(v, 3) for k, v in self.phase_ms.items()},
             }

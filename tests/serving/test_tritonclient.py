@@ -69,6 +69,12 @@ def test_infer_without_outputs_returns_all_in_binary(client):
     assert result.get_response()["parameters"]["fallback.degraded"] is False
 
 
+def test_statistics_in_the_protocol_shape(client):
+    stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+    assert stats["name"] == MODEL and stats["inference_count"] >= 1
+    assert stats["inference_stats"]["compute_infer"]["ns"] > 0
+
+
 def test_a_client_mistake_is_an_inference_server_exception(client):
     from tritonclient.utils import InferenceServerException
 

@@ -42,6 +42,7 @@ DAY_END = dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(), tzinfo=dt.U
 REQUEST_TS = int(DAY_END.timestamp()) + 3600  # one hour after the features were computed
 NUM_USERS, NUM_ADS, NUM_CATEGORIES, NUM_ADVERTISERS = 6, 60, 5, 7
 KNOWN_USERS = (0, 1, 2, 3, 4)
+HEALTHY_USERS = (0, 1, 3)  # an embedding of the current user-model version: the normal (non-degraded) path
 USER_MODEL_VERSION, OLD_USER_MODEL_VERSION = "user-model/3", "user-model/2"
 NUM_USER_TOKENS, USER_TOKEN_DIM = 2, 8
 DENSE_COLUMNS = ["quality", "ad_quality", "impressions_7d", "clicks_7d", "ctr_7d", "cvr_28d"]
