@@ -129,9 +129,11 @@ class Gateway:
         if route == "stats":
             _, detail = await self.predictor.readiness()
             p = self.predictor
-            return await reply.json(
-                200, {**detail, "stats": p.stats.snapshot(), "pauses": p.pauses.snapshot()}
-            )
+            protocol = p.stats.model_stats(
+                p.name, p.served.version
+            )  # the statistics extension's shape, then ours
+            ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot()}
+            return await reply.json(200, {**protocol, **detail, **ours})
         if not self.predictor.ready:  # unloaded through the (token-guarded) repository extension
             return await reply.json(503, {"error": f"model {self.predictor.name!r} is not loaded"})
         await self._infer(route == "v2_infer", scope, headers, receive, reply)
