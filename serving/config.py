@@ -25,7 +25,10 @@ MODEL_NAME = "gem-ranker"
 class LimitsConfig:
     max_candidates: int = 5000
     max_body_bytes: int = 1_000_000  # a 5,000-candidate request is ~40 kB of JSON
-    feature_timeout_ms: float = 8.0  # user-side online read (worker thread); past it -> degraded
+    feature_timeout_ms: float = (
+        8.0  # user-side online read budget, floor (worker thread); past it -> degraded
+    )
+    feature_timeout_max_ms: float = 30.0  # its cap: the budget adapts to 1.5 x the reads' p99.9 in between
     request_timeout_ms: float = 2000.0  # whole request; past it -> 503 with a message
     max_context_keys: int = 16
     max_in_flight: int = 16  # admitted requests at once (parsing, reading, queued or scoring); beyond -> 503
@@ -110,7 +113,7 @@ class ServingConfig:
             raise ValueError(f"limits.max_candidates must be >= 1, got {lim.max_candidates}")
         if lim.max_body_bytes < 1024:
             raise ValueError(f"limits.max_body_bytes must be >= 1024, got {lim.max_body_bytes}")
-        if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0:
+        if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0 or lim.feature_timeout_max_ms < 0:
             raise ValueError("limits.feature_timeout_ms and limits.request_timeout_ms must be > 0")
         if lim.max_in_flight < 1 or lim.retry_after_s < 0:
             raise ValueError("limits.max_in_flight must be >= 1 and limits.retry_after_s >= 0")

@@ -46,6 +46,7 @@ from serving.user_features import UserFeatureReader, UserFeatures, store_guard
 log = logging.getLogger(__name__)
 USER_SERVICE = "ranker_serving"
 PROBE_SECONDS = 1.0  # how long a feature-store health probe result is reused
+WARM_UP_READS = 64  # store reads before serving (they seed the adaptive read budget)
 # Request ids: a random per-process prefix + a counter (unique without a urandom syscall per request).
 _ID_PREFIX, _ID_COUNTER = os.urandom(4).hex(), itertools.count()
 
@@ -114,6 +115,7 @@ class RankerPredictor(Model):
             sc.feature_workers,
             sc.feature_waiting,
             guard,
+            lim.feature_timeout_max_ms / 1e3,
         )
         if at.refresh_process:  # its own store handle from the same config, no GIL shared with requests
             make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
@@ -151,8 +153,10 @@ class RankerPredictor(Model):
         return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
 
     def _warm_up(self) -> None:
-        """Score a throwaway full-size request on every scoring worker: lazy kernel and thread-pool
-        initialisation, and each worker's heap grown to a request's working set before the first real one."""
+        """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score a
+        throwaway full-size request on every scoring worker: lazy kernel and thread-pool initialisation, and each
+        worker's heap grown to a request's working set before the first real one."""
+        self.reader.warm_up(0, WARM_UP_READS)
         recent, _ = build.recent_events(None, self.ad_arrays(), time.time(), 1, 1)
         user = UserInputs(recent, build.profile(0, None), None)
         size = min(self.cfg.limits.max_candidates, self.cfg.scoring.batch_size)
@@ -189,7 +193,11 @@ class RankerPredictor(Model):
             "model_loaded": self.ready,
             "model_version": self.served.version if self.served else None,
             "expected_user_model_version": self.expected_user_model_version,
-            "feature_store": {"ok": ok, "problem": why},
+            "feature_store": {
+                "ok": ok,
+                "problem": why,
+                "read_budget_ms": round(1e3 * self.reader.timeout_s, 3) if self.reader else None,
+            },
             "ad_table": ads,
         }
         return ready, detail

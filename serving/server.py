@@ -1,9 +1,10 @@
 """The real KServe ``ModelServer`` around the ranker, safe by default.
 
-KServe adds its V1/V2 routes to the module-level ``kserve.model_server.app`` when the server starts;
-``serving.gateway`` is installed first, as the outermost application layer, and answers the ranker's routes
-itself. ``ModelServer.start`` hard-codes ``0.0.0.0`` and uvicorn's defaults, so ``GemflowModelServer`` builds
-the same ``RESTServer`` with the configured host and the connection limits (``serving.connections``).
+KServe adds its V1/V2 routes to the module-level ``kserve.model_server.app`` when the server starts.
+``serving.gateway`` wraps that app as the ASGI application uvicorn runs: it answers the ranker's routes itself,
+before any of FastAPI's layers (middleware, routing), and hands the rest to KServe. ``ModelServer.start``
+hard-codes ``0.0.0.0`` and uvicorn's defaults, so ``GemflowModelServer`` builds the same ``RESTServer`` with the
+configured host, the gateway and the connection limits (``serving.connections``).
 """
 
 from __future__ import annotations
@@ -23,25 +24,20 @@ from serving.connections import uvicorn_settings
 log = logging.getLogger(__name__)
 
 
-def install(app, predictor, cfg: ServingConfig, tokens: Tokens) -> None:
-    """Put the gateway in front of KServe's FastAPI app (before KServe adds its own routes)."""
-    from serving.gateway import Gateway
-
-    app.add_middleware(Gateway, predictor=predictor, cfg=cfg, tokens=tokens)
-
-
 class GemflowModelServer(kserve.ModelServer):
-    """``kserve.ModelServer`` whose REST server binds ``cfg.host`` with ``cfg.connections``' limits."""
+    """``kserve.ModelServer`` whose REST server binds ``cfg.host``, runs ``app`` (the gateway around KServe's
+    app) and applies ``cfg.connections``' limits."""
 
-    def __init__(self, cfg: ServingConfig):
+    def __init__(self, cfg: ServingConfig, app):
         super().__init__(http_port=cfg.http_port, enable_grpc=False, workers=1, enable_latency_logging=False)
-        self.cfg = cfg
+        self.cfg, self.app = cfg, app
 
     def start(self, models) -> None:
         self._register_and_check_atleast_one_model_is_ready(models)
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
                           self.http_port, workers=1, grace_period=self.grace_period)  # fmt: skip
         rest.config.host = self.cfg.host
+        rest.config.app = self.app  # an ASGI object instead of KServe's import string (one worker process)
         for key, value in uvicorn_settings(self.cfg.connections).items():
             setattr(rest.config, key, value)
         self._rest_server = rest
@@ -67,6 +63,8 @@ def serve(cfg: ServingConfig, ws: Workspace) -> None:
     """Load the ranker and block serving HTTP on ``cfg.host:cfg.http_port``."""
     from kserve import model_server
 
+    from serving.gateway import Gateway
+
     _log_to_stderr()
     from serving.pauses import freeze_heap
     from serving.predictor import RankerPredictor
@@ -78,5 +76,4 @@ def serve(cfg: ServingConfig, ws: Workspace) -> None:
     log.info("%d objects frozen out of garbage collection", frozen)
     if tokens.inference is None:
         log.info("inference routes are open (set $GEMFLOW_SERVING_TOKEN to require a bearer token)")
-    install(model_server.app, predictor, cfg, tokens)
-    GemflowModelServer(cfg).start([predictor])
+    GemflowModelServer(cfg, Gateway(model_server.app, predictor, cfg, tokens)).start([predictor])
