@@ -3,12 +3,14 @@ model-repository extension enabled behind an admin token, one admission slot and
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.client
 import json
 import socket
 import sqlite3
 import time
 import urllib.parse
+from collections import Counter
 
 import pytest
 
@@ -88,6 +90,22 @@ def test_beyond_the_in_flight_limit_requests_are_shed_at_once(guarded):
     assert after["shed"].get("in_flight_limit", 0) == before["shed"].get("in_flight_limit", 0) + 1
     answered = sum(after["requests"].get(k, 0) - before["requests"].get(k, 0) for k in ("ok", "degraded"))
     assert answered == 1  # only the admitted request was scored and counted
+
+
+def test_an_overload_burst_is_answered_and_the_counts_add_up(guarded):
+    """30 requests from 10 clients at once against one admission slot: each is answered 200 or 503 (never a
+    transport error), the server counted exactly those statuses, and every 503 was a shed request."""
+    before = stats(guarded)
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        codes = Counter(pool.map(lambda _: call(guarded, "POST", PREDICT, BODY)[0], range(30)))
+    after = stats(guarded)
+    assert set(codes) <= {200, 503} and sum(codes.values()) == 30 and codes[200] >= 1, codes
+    counted = {code: after["responses"].get(f"v1_predict {code}", 0) - before["responses"].get(f"v1_predict {code}", 0)
+               for code in (200, 503)}  # fmt: skip
+    assert counted == {200: codes[200], 503: codes[503]}
+    shed = after["shed"].get("in_flight_limit", 0) - before["shed"].get("in_flight_limit", 0)
+    answered = sum(after["requests"].get(k, 0) - before["requests"].get(k, 0) for k in ("ok", "degraded"))
+    assert shed == codes[503] and answered == codes[200]
 
 
 def test_work_past_its_deadline_is_cancelled_and_not_counted(guarded, world):
