@@ -309,7 +309,7 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
     shed = {k: v - before["shed"].get(k, 0) for k, v in after["shed"].items()}
     print(f"  sent {total} in {wall:.1f} s ({total / wall:.1f} req/s), status counts {dict(tally.codes)}")
     print(
-        f"  latency {percentiles(tally.client_ms)}; server errors (5xx or transport): {tally.server_errors}"
+        f"  latency {percentiles(tally.client_ms)}; 5xx (shed 503s included) or transport errors: {tally.server_errors}"
     )
     print(f"  server-side total {percentiles(tally.server_ms)} (handler start to scored: no HTTP)")
     print(f"  server counted by status {counted} (sum {sum(counted.values())} of {total} sent); shed {shed}; "
@@ -363,6 +363,14 @@ def wait_ready(base: str, proc: subprocess.Popen | None, timeout: float = 180) -
     raise SystemExit(f"server at {base} not ready within {timeout:.0f} s")
 
 
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="", help="base URL of a running server (127.0.0.1 only)")
@@ -414,7 +422,7 @@ def main() -> None:
     try:
         wait_ready(args.url, proc)
         rng = np.random.default_rng(0)
-        print(f"server {args.url} (pid {args.pid or '?'}), {os.cpu_count()} CPUs, "
+        print(f"server {args.url} (pid {args.pid or '?'}), {os.cpu_count()} CPUs ({cpu_model()}), "
               f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
         if "latency" in phases:
             run_latency(args.url, rng, users, args.num_ads, sizes, args.requests, args.concurrency, server,
