@@ -89,7 +89,7 @@ class RankerPredictor(Model):
         self.reader: UserFeatureReader | None = None
         self.ads: AdTable | None = None
         self._arrays: build.AdArrays | None = None
-        self._probe: tuple[float, bool, str | None] = (0.0, False, "not probed yet")
+        self._probe: tuple[float, bool, str | None] = (0.0, False, None)  # (when, ok, problem kind)
         self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------------------------------- lifecycle
@@ -203,7 +203,12 @@ class RankerPredictor(Model):
         return ready, detail
 
     def _note_store(self, problem: str | None) -> None:
-        self._probe = (time.monotonic(), problem is None, problem)
+        """Record the store's health from a read. Clients see only the problem's kind; its text (an exception
+        message may name hosts) goes to the log, once per change of state."""
+        kind = None if problem is None else problem.split(":", 1)[0]
+        if kind != self._probe[2]:
+            log.warning("feature store: %s", problem or "reads succeed again")
+        self._probe = (time.monotonic(), problem is None, kind)
         self.stats.store(problem is None)
 
     # ------------------------------------------------------------------------------------------- handlers
@@ -243,7 +248,7 @@ class RankerPredictor(Model):
         ads = self.ad_arrays()
         reasons: list[str] = []
         if job.store_problem:
-            reasons.append(job.store_problem)
+            reasons.append(job.store_problem.split(":", 1)[0])  # the kind only: see _note_store
         elif feats is None or not feats.known:
             reasons.append("unknown_user")
         request_ts = req.request_ts if req.request_ts is not None else time.time()

@@ -112,13 +112,15 @@ def test_redis_killed_degrades_without_failing_then_recovers(served, redis_serve
         assert status == 200, (status, r, log.read_text()[-2000:])
         fb = r["fallback"]
         assert fb["degraded"] and fb["feature_store_unavailable"], r
-        assert fb["reasons"][0].startswith(("feature_store_error", "feature_store_timeout")), r
+        # the kind only: the store's exception text (it names hosts and ports) stays in the server's log
+        assert fb["reasons"][0] in ("feature_store_error", "feature_store_timeout"), r
         assert r["embedding_version"] is None and sorted(r["ad_ids"]) == [1, 2, 3, 4]
         assert all(0 < p < 1 for p in r["p_click"])
         assert time.monotonic() - t0 < 5.0
     time.sleep(1.1)  # readiness reuses a store probe for 1 s
     status, ready = get(f"{base}/v2/models/{MODEL}/ready")
     assert status == 200 and ready["feature_store"]["ok"] is False, ready
+    assert ready["feature_store"]["problem"] in ("feature_store_error", "feature_store_timeout"), ready
     assert ready["model_loaded"] and ready["ad_table"]["loaded"]  # the ad table keeps its last snapshot
     assert get(f"{base}/v2/health/live")[0] == 200
     with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:

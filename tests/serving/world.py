@@ -274,7 +274,7 @@ def running_server(
     from serving.client import get
 
     cmd = [sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
-           "--model-uri", str(world.model_path), "--http-port", str(port)]  # fmt: skip
+           "--model-uri", str(world.model_path), "--host", "127.0.0.1", "--http-port", str(port)]  # fmt: skip
     for setting in settings:
         cmd += ["--set", setting]
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
