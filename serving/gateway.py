@@ -1,6 +1,6 @@
 """The ASGI layer in front of KServe's app: every request of the serving process passes here first.
 
-It answers the ranker's own routes itself and hands the rest (server health and metadata, ``/metrics``) to KServe:
+It answers the ranker's own routes itself and hands a few to KServe (server health and metadata, ``/metrics``):
 - ``POST /v1/models/{m}:predict`` and ``POST /v2/models/{m}/infer``: bearer token (``serving.auth``), explicit
   Content-Type / Content-Encoding rules, admission control (``limits.max_in_flight``; beyond it 503 +
   ``Retry-After`` at once, before the body is read), the body limit (413, connection closed), strict parsing
@@ -8,7 +8,7 @@ It answers the ranker's own routes itself and hands the rest (server health and 
 - ``GET /v2/models/{m}/ready`` and ``GET /v1/models/{m}`` (readiness), ``GET /v2/models/{m}`` (Open Inference
   Protocol metadata), ``GET /v2/models/{m}/stats``;
 - KServe's model-repository extension (``/v2/repository/...``) is answered 404 unless ``admin.repository_api``
-  is on, and then needs the admin token.
+  is on, and then needs the admin token; KServe's routes not listed in ``_OPEN_ROUTES`` are answered 404.
 Every client mistake is a 4xx ``{"error": "..."}`` (both protocols) logged as one line; an unexpected failure is
 a 500 that names no exception (the traceback goes to the log). Every response is counted by route and status.
 """
@@ -41,7 +41,9 @@ _MODEL_ROUTES = [  # (method, pattern, route label); the model name is the first
     ("GET", re.compile(r"/v2/models/([^/]+)"), "metadata"),
 ]
 _VERSIONED = re.compile(r"/v2/models/[^/]+/versions/.*")
-_OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "live", "/metrics": "metrics"}
+# KServe's own routes that stay reachable (no token: probes, Prometheus, server metadata); anything else is 404
+_OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "live", "/metrics": "metrics",
+                "/v2": "metadata", "/v2/models": "metadata", "/v1/models": "metadata"}  # fmt: skip
 
 
 class Reply:
@@ -73,9 +75,8 @@ class Gateway:
         route = "other"
         try:
             route = await self._dispatch(scope, receive, reply)
-        except (
-            Exception
-        ):  # a bug, not a client mistake: the traceback is logged, the client learns nothing of it
+        except Exception:
+            # a bug, not a client mistake: the traceback is logged, the client learns nothing of it
             log.exception("unexpected failure on %s %s", scope["method"], scope["path"][:200])
             if reply.status is None:
                 await reply.json(500, {"error": "internal server error"})
@@ -113,7 +114,8 @@ class Gateway:
             else:
                 await self._model_route(route, scope, receive, reply)
             return route
-        await self._pass(scope, receive, reply)
+        # default deny: KServe's other routes (explain, versioned paths, docs) are not part of this server
+        await self._refuse(reply, scope, 404, f"no route {method} {path[:100]}")
         return "other"
 
     async def _model_route(self, route: str, scope, receive, reply: Reply) -> None:
@@ -129,9 +131,8 @@ class Gateway:
         if route == "stats":
             _, detail = await self.predictor.readiness()
             p = self.predictor
-            protocol = p.stats.model_stats(
-                p.name, p.served.version
-            )  # the statistics extension's shape, then ours
+            # the protocol's statistics extension shape, then ours
+            protocol = p.stats.model_stats(p.name, p.served.version)
             ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot()}
             return await reply.json(200, {**protocol, **detail, **ours})
         if not self.predictor.ready:  # unloaded through the (token-guarded) repository extension

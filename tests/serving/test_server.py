@@ -299,3 +299,23 @@ def test_readiness_reports_model_and_feature_store(server):
         status == 200 and ready["ready"] and ready["feature_store"]["ok"] and ready["ad_table"]["ads"] == 60
     )
     assert get(f"{server}/v1/models/{MODEL}")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "code"),
+    [("POST", f"/v1/models/{MODEL}:explain", 404), ("GET", "/docs", 404), ("GET", "/openapi.json", 404),
+     ("POST", f"/v2/models/{MODEL}/versions/1/infer", 404), ("GET", f"/v2/models/{MODEL}/infer", 405),
+     ("DELETE", f"/v1/models/{MODEL}:predict", 405), ("POST", "/v1/models/other:predict", 404),
+     ("GET", "/v2/models/other/ready", 404), ("GET", "/v2", 200), ("GET", "/v2/models", 200)],
+)  # fmt: skip
+def test_only_the_servers_routes_answer(server, method, path, code):
+    parts = urllib.parse.urlsplit(server)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request(method, path, body=b"{}" if method == "POST" else None)
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == code, (resp.status, body)
+    assert code == 200 or set(body) == {"error"}, body
