@@ -45,6 +45,7 @@ class ConnectionConfig:
     idle_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
     max_header_bytes: int = 16 * 1024  # request line + all headers
     max_headers: int = 64  # header lines per request
+    http_parser: str = "httptools"  # uvicorn's protocol: httptools (C) or h11 (pure Python); same limits
 
 
 @dataclass
@@ -130,6 +131,8 @@ class ServingConfig:
             raise ValueError(
                 "connections: timeouts must be > 0, max_header_bytes >= 1024 and max_headers >= 8"
             )
+        if con.http_parser not in ("httptools", "h11"):
+            raise ValueError(f"connections.http_parser must be httptools or h11, got {con.http_parser!r}")
         sc = self.scoring
         if sc.feature_waiting < 0:
             raise ValueError(f"scoring.feature_waiting must be >= 0, got {sc.feature_waiting}")

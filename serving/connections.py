@@ -1,46 +1,57 @@
-"""Connection-level limits of the serving process (``ConnectionConfig``), on uvicorn's h11 protocol.
+"""Connection-level limits of the serving process (``ConnectionConfig``), on uvicorn's HTTP protocols.
 
-- header size: h11 buffers at most ``max_header_bytes`` of an incomplete request head, then answers 400 and
-  closes (uvicorn's default httptools parser has no such bound: 100 kB of headers were accepted); a head that
-  arrives whole in one read is measured by ``serving.gateway`` (431, closed);
-- header count: ``serving.gateway`` answers 431 and closes past ``max_headers`` lines;
 - header read timeout: a connection whose request head is not complete ``header_timeout_s`` after its first byte
   (or after it was opened) is closed: a slow-loris client sending a header byte by byte is cut off;
+- header size: more than ``max_header_bytes`` received without a complete head -> 431 and the connection is
+  closed (the parser never buffers more); uvicorn has no such bound of its own with httptools (100 kB of headers
+  were accepted), h11 has it too (``h11_max_incomplete_event_size``);
+- header count: ``serving.gateway`` answers 431 and closes past ``max_headers`` lines (and measures a head that
+  arrived whole in one read);
 - idle timeout: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests;
 - after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body.
+``http_parser`` picks uvicorn's protocol: httptools (C, the faster) or h11 (pure Python); the limits are the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving.config import ConnectionConfig
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol plus a deadline on reading each request head."""
+class HeadLimits:
+    """Mixin over a uvicorn protocol: a deadline and a byte bound on reading each request head."""
 
     header_timeout_s = 5.0
+    max_header_bytes = 16 * 1024
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and self._between_requests():
+        waiting = self._between_requests()
+        if waiting and self._head_timer is None:
             self._arm()  # the first byte of the next request on a kept-alive connection starts its clock
         super().data_received(data)
-        if self._head_timer is not None and not self._between_requests():
-            self._head_timer.cancel()  # the head is complete: a request cycle runs
-            self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if not self._between_requests():  # the head is complete: a request cycle runs
+            self._disarm()
+            self._head_bytes = 0
+        elif waiting:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head()
 
     def connection_lost(self, exc) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._disarm()
         super().connection_lost(exc)
 
     def _between_requests(self) -> bool:
@@ -49,14 +60,33 @@ class HeaderTimeoutProtocol(H11Protocol):
     def _arm(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
 
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._between_requests() and not self.transport.is_closing():
             self.transport.close()
 
+    def _refuse_head(self) -> None:
+        body = orjson.dumps({"error": f"the request head exceeds {self.max_header_bytes} bytes"})
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self._disarm()
+        self.transport.close()
 
-def protocol_class(cfg: ConnectionConfig) -> type[H11Protocol]:
-    return type("GemflowH11Protocol", (HeaderTimeoutProtocol,), {"header_timeout_s": cfg.header_timeout_s})
+
+PARSERS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
+
+
+def protocol_class(cfg: ConnectionConfig) -> type:
+    base = PARSERS[cfg.http_parser]
+    attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes}
+    return type(f"Limited{base.__name__}", (HeadLimits, base), attrs)
 
 
 def uvicorn_settings(cfg: ConnectionConfig) -> dict:

@@ -1,5 +1,5 @@
-"""Connection-level limits with real sockets against the running server (``serving.connections``; the shared
-server runs with ``header_timeout_s=1`` and ``idle_timeout_s=2``)."""
+"""Connection-level limits with real sockets against running servers (``serving.connections``: the shared
+server on httptools and a second one on h11, both with ``header_timeout_s=1`` and ``idle_timeout_s=2``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,24 @@ import urllib.parse
 
 import pytest
 
-from tests.serving.world import MODEL
+from tests.serving.conftest import SERVER_SETTINGS
+from tests.serving.world import MODEL, free_port, running_server
 
 pytestmark = pytest.mark.integration
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n"
 PREDICT = (
     f"POST /v1/models/{MODEL}:predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n".encode()
 )
+
+
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def conn_server(request, world, tmp_path_factory):
+    if request.param == "httptools":  # the default: the shared server
+        yield request.getfixturevalue("server")
+        return
+    log = tmp_path_factory.mktemp("h11-log") / "serve.log"
+    with running_server(world, free_port(), log, *SERVER_SETTINGS, "connections.http_parser=h11") as base:
+        yield base
 
 
 def connect(base: str) -> socket.socket:
@@ -57,8 +68,8 @@ def status_of(reply: bytes) -> int:
     return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
 
 
-def test_slow_loris_is_cut_off(server):
-    sock = connect(server)
+def test_slow_loris_is_cut_off(conn_server):
+    sock = connect(conn_server)
     t0, closed = time.monotonic(), False
     try:
         for byte in LIVE + b"X-Slow: " + b"a" * 200:
@@ -74,14 +85,14 @@ def test_slow_loris_is_cut_off(server):
     assert closed and time.monotonic() - t0 < 4, time.monotonic() - t0  # header_timeout_s=1
 
 
-def test_a_silent_connection_is_closed(server):
-    sock = connect(server)
+def test_a_silent_connection_is_closed(conn_server):
+    sock = connect(conn_server)
     data, took = read_until_closed(sock)
     assert data == b"" and took < 3
 
 
-def test_an_idle_keep_alive_connection_is_closed(server):
-    sock = connect(server)
+def test_an_idle_keep_alive_connection_is_closed(conn_server):
+    sock = connect(conn_server)
     sock.sendall(LIVE + b"\r\n")
     assert status_of(read_response(sock)) == 200
     sock.sendall(LIVE + b"\r\n")  # keep-alive works: a second request on the same connection
@@ -98,23 +109,23 @@ def test_an_idle_keep_alive_connection_is_closed(server):
     ],
     ids=["100kB_header", "2000_headers"],
 )
-def test_oversized_heads_are_refused_and_closed(server, head):
-    sock = connect(server)
+def test_oversized_heads_are_refused_and_closed(conn_server, head):
+    sock = connect(conn_server)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed while still sending: refused
         sock.sendall(head)
     data, _ = read_until_closed(sock)
     assert data == b"" or status_of(data) in (400, 431), data[:200]
 
 
-def test_413_on_a_declared_length_closes_without_reading(server):
-    sock = connect(server)
+def test_413_on_a_declared_length_closes_without_reading(conn_server):
+    sock = connect(conn_server)
     sock.sendall(PREDICT + b"Content-Length: 104857600\r\n\r\n")
     data, took = read_until_closed(sock)
     assert status_of(data) == 413 and b"connection: close" in data.lower() and took < 3
 
 
-def test_413_on_a_chunked_body_stops_reading_and_closes(server):
-    sock = connect(server)
+def test_413_on_a_chunked_body_stops_reading_and_closes(conn_server):
+    sock = connect(conn_server)
     sock.sendall(PREDICT + b"Transfer-Encoding: chunked\r\n\r\n")
     chunk, sent = b"%x\r\n" % 65536 + b"a" * 65536 + b"\r\n", 0
     sock.settimeout(2)
