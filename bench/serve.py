@@ -1,13 +1,18 @@
 """Load bench of the online ranker: drives a running ``gemflow serve`` on 127.0.0.1 and prints figures.
 
     1. latency p50/p95/p99 and throughput for 100, 1,000 and 5,000 candidates: ``--concurrency`` closed-loop
-       keep-alive clients, plus the server's CPU time per request (its process, from /proc);
+       keep-alive clients, plus the server's CPU time per request (its process, from /proc) and the server's own
+       breakdown of a request (parse, feature read, queue, tensor build, scoring, encode: mean wall ms);
     2. in process, side by side on the served model and the same inputs: the shared-K/V path (user side once,
        ``serving.scorer.score_shared``) against recomputing the user side for every candidate, both as a naive
        server would (one ``user_side`` + ``score`` call per candidate) and batched (the training-style forward
        over N (user, candidate) rows, ``score_recompute``);
-    3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts, server errors
-       (5xx or transport), latency, and the server's RSS at start / end / peak, sampled every second.
+    3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts (the client's and
+       the server's, which must add up to what was sent; shed requests are 503s), latency of the admitted
+       requests, degraded answers, server CPU per request, and the server's RSS at start / end / peak.
+
+The bench world's users 0, 1 and 3 take the normal path (an embedding of the current user-model version); users
+2 (an older version) and 4 (no embedding) are cold starts, sampled only with ``--cold-start``.
 
 Usage (a bench world: 6,000 ads, the default ranker at d_model 64, 64 recent events, its own server):
     .venv/bin/python bench/serve.py --build-world /tmp/gemflow-bench
