@@ -40,8 +40,9 @@ INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
 }
 OUTPUTS = {"ad_ids": "INT64", "p_click": "FP32", "p_conversion": "FP32"}
 CONTEXT_INPUTS = ("surface", "hour", "request_ts")
-REQUEST_KEYS, INPUT_KEYS, OUTPUT_KEYS = {"id", "parameters", "inputs", "outputs"}, {"name", "shape", "datatype",
-                                         "data", "parameters"}, {"name", "parameters"}  # fmt: skip
+REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
+INPUT_KEYS = {"name", "shape", "datatype", "data", "parameters"}
+OUTPUT_KEYS = {"name", "parameters"}
 
 
 @dataclass
