@@ -10,6 +10,8 @@
 - idle timeout: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests;
 - after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body.
 ``http_parser`` picks uvicorn's protocol: httptools (C, the faster) or h11 (pure Python); the limits are the same.
+What is answered or cut off here, before any application code, is counted in the same metrics as the gateway's
+answers (route ``connection``; a head that timed out is a shed request, reason ``header_timeout``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from serving.config import ConnectionConfig
+from serving.stats import RESPONSES, SHED
 
 
 class HeadLimits:
@@ -68,6 +71,7 @@ class HeadLimits:
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._between_requests() and not self.transport.is_closing():
+            SHED.labels(reason="header_timeout").inc()
             self.transport.close()
 
     def _refuse_head(self) -> None:
@@ -76,8 +80,13 @@ class HeadLimits:
             b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
         )
+        RESPONSES.labels(route="connection", code="431").inc()
         self._disarm()
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:  # the parser's own answer to a malformed request
+        RESPONSES.labels(route="connection", code="400").inc()
+        super().send_400_response(msg)
 
 
 PARSERS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -83,6 +84,8 @@ def test_slow_loris_is_cut_off(conn_server):
         data, _ = read_until_closed(sock, 2)
         closed = data == b""
     assert closed and time.monotonic() - t0 < 4, time.monotonic() - t0  # header_timeout_s=1
+    with urllib.request.urlopen(f"{conn_server}/metrics", timeout=5) as resp:
+        assert 'gemflow_ranker_shed_total{reason="header_timeout"}' in resp.read().decode()
 
 
 def test_a_silent_connection_is_closed(conn_server):
