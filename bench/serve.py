@@ -1,13 +1,18 @@
 """Load bench of the online ranker: drives a running ``gemflow serve`` on 127.0.0.1 and prints figures.
 
     1. latency p50/p95/p99 and throughput for 100, 1,000 and 5,000 candidates: ``--concurrency`` closed-loop
-       keep-alive clients, plus the server's CPU time per request (its process, from /proc);
+       keep-alive clients, plus the server's CPU time per request (its process, from /proc) and the server's own
+       breakdown of a request (parse, feature read, queue, tensor build, scoring, encode: mean wall ms);
     2. in process, side by side on the served model and the same inputs: the shared-K/V path (user side once,
        ``serving.scorer.score_shared``) against recomputing the user side for every candidate, both as a naive
        server would (one ``user_side`` + ``score`` call per candidate) and batched (the training-style forward
        over N (user, candidate) rows, ``score_recompute``);
-    3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts, server errors
-       (5xx or transport), latency, and the server's RSS at start / end / peak, sampled every second.
+    3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts (the client's and
+       the server's, which must add up to what was sent; shed requests are 503s), latency of the admitted
+       requests, degraded answers, server CPU per request, and the server's RSS at start / end / peak.
+
+The bench world's users 0, 1 and 3 take the normal path (an embedding of the current user-model version); users
+2 (an older version) and 4 (no embedding) are cold starts, sampled only with ``--cold-start``.
 
 Usage (a bench world: 6,000 ads, the default ranker at d_model 64, 64 recent events, its own server):
     .venv/bin/python bench/serve.py --build-world /tmp/gemflow-bench
@@ -164,15 +169,28 @@ def run_latency(base, rng, users, num_ads, sizes, requests, concurrency, proc, r
     for n in sizes:
         bodies = [request_body(rng, users, num_ads, n, request_ts) for _ in range(requests)]
         closed_loop(base, bodies[: max(20, concurrency * 4)], concurrency)  # warm-up
+        before = get_json(base, f"/v2/models/{MODEL}/stats")[1]["stats"]
         cpu0, me0 = cpu_seconds(proc), time.process_time()
         tally, wall = closed_loop(base, bodies, concurrency)
         server_cpu = 1e3 * (cpu_seconds(proc) - cpu0) / requests
+        after = get_json(base, f"/v2/models/{MODEL}/stats")[1]["stats"]
         client_cpu = 1e3 * (time.process_time() - me0) / requests
         ok = len(tally.client_ms)
         print(f"  {n:>5} candidates: {percentiles(tally.client_ms)}  {ok / wall:6.1f} req/s  "
               f"server CPU {server_cpu:5.2f} ms/req  client CPU {client_cpu:4.2f} ms/req  "
               f"errors {requests - ok}")  # fmt: skip
         print(f"        server-side total {percentiles(tally.server_ms)}  fallbacks {dict(tally.fallbacks)}")
+        print(f"        {breakdown(before, after)}")
+
+
+def breakdown(before: dict, after: dict) -> str:
+    """Mean wall ms per phase of the requests answered between two stats snapshots (the server's own clocks)."""
+    n = after["answered"] - before["answered"]
+    if n <= 0:
+        return "breakdown: no answered requests"
+    names = ("parse", "features", "queue", "build", "score", "encode", "total")
+    ms = {k: (after["phase_ms_sum"].get(k, 0) - before["phase_ms_sum"].get(k, 0)) / n for k in names}
+    return "breakdown (mean wall ms, server side): " + "  ".join(f"{k} {v:.2f}" for k, v in ms.items())
 
 
 # ------------------------------------------------------------------------------------------ 2. compare
@@ -275,8 +293,10 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
             status, payload = type(err).__name__, None
         tally.record(1e3 * (time.perf_counter() - t0), status, payload)
 
+    before = get_json(base, f"/v2/models/{MODEL}/stats")[1]["stats"]
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
+    cpu0 = cpu_seconds(proc)
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         for i in tqdm(range(total), desc="soak", leave=False, disable=None, mininterval=2):
@@ -285,14 +305,24 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
                 time.sleep(due - time.perf_counter())
             pool.submit(one, i, due)
     wall = time.perf_counter() - start
+    server_cpu = 1e3 * (cpu_seconds(proc) - cpu0) / total
     done.set()
     sampler.join()
+    after = get_json(base, f"/v2/models/{MODEL}/stats")[1]["stats"]
+    counted = {k.split()[1]: v - before["responses"].get(k, 0) for k, v in after["responses"].items()
+               if k.startswith("v1_predict ") and v - before["responses"].get(k, 0)}  # fmt: skip
+    shed = {k: v - before["shed"].get(k, 0) for k, v in after["shed"].items()}
     print(f"  sent {total} in {wall:.1f} s ({total / wall:.1f} req/s), status counts {dict(tally.codes)}")
     print(
-        f"  latency {percentiles(tally.client_ms)}; server errors (5xx or transport): {tally.server_errors}"
+        f"  latency {percentiles(tally.client_ms)}; 5xx (shed 503s included) or transport errors: {tally.server_errors}"
     )
     print(f"  server-side total {percentiles(tally.server_ms)} (handler start to scored: no HTTP)")
-    print(f"  fallbacks {dict(tally.fallbacks)}")
+    print(f"  server counted by status {counted} (sum {sum(counted.values())} of {total} sent); shed {shed}; "
+          f"server CPU {server_cpu:.2f} ms/request")  # fmt: skip
+    print(
+        f"  fallbacks {dict(tally.fallbacks)} (degraded {sum(tally.fallbacks.values())} of {len(tally.server_ms)})"
+    )
+    print(f"  {breakdown(before, after)}")
     if rss:
         both = np.array(rss) / 2**20
         for name, mib in (("server", both[:, 0]), ("its child processes", both[:, 1])):
@@ -303,8 +333,10 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
 
 
 # ------------------------------------------------------------------------------------------- the server
-def start_server(world_dir: Path, port: int, max_candidates: int, d_model: int):
-    from tests.serving.world import KNOWN_USERS, build_world
+def start_server(
+    world_dir: Path, port: int, max_candidates: int, d_model: int, cold_start: bool, settings=()
+):
+    from tests.serving.world import HEALTHY_USERS, KNOWN_USERS, build_world
 
     world_dir.mkdir(parents=True, exist_ok=True)
     print(
@@ -314,9 +346,12 @@ def start_server(world_dir: Path, port: int, max_candidates: int, d_model: int):
     cmd = [sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
            "--model-uri", str(world.model_path), "--http-port", str(port),
            "--set", f"limits.max_candidates={max_candidates}"]  # fmt: skip
+    for setting in settings:
+        cmd += ["--set", setting]
     log = open(world_dir / "serve.log", "wb")  # noqa: SIM115 (the server process owns it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    return proc, world.model_path, list(KNOWN_USERS), 6000
+    # the normal path unless asked: users 2 (old embedding version) and 4 (no embedding) are cold starts
+    return proc, world.model_path, list(KNOWN_USERS if cold_start else HEALTHY_USERS), 6000
 
 
 def wait_ready(base: str, proc: subprocess.Popen | None, timeout: float = 180) -> None:
@@ -333,6 +368,14 @@ def wait_ready(base: str, proc: subprocess.Popen | None, timeout: float = 180) -
     raise SystemExit(f"server at {base} not ready within {timeout:.0f} s")
 
 
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="", help="base URL of a running server (127.0.0.1 only)")
@@ -340,7 +383,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18080, help="port of the --build-world server")
     ap.add_argument("--model-uri", default="", help="the served model (for the in-process comparison)")
     ap.add_argument("--pid", type=int, default=0, help="server pid (CPU per request, RSS)")
-    ap.add_argument("--users", default="0,1,2,3,4", help="user ids to sample")
+    ap.add_argument("--users", default="0,1,3", help="user ids to sample (a running server of your own)")
     ap.add_argument("--num-ads", type=int, default=6000, help="candidates are sampled from ids [0, num_ads)")
     ap.add_argument("--requests", type=int, default=300, help="requests per candidate-set size")
     ap.add_argument("--concurrency", type=int, default=2, help="closed-loop clients (about one per core)")
@@ -351,14 +394,27 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100.0, help="requests/s of the soak")
     ap.add_argument("--soak-candidates", type=int, default=1000)
     ap.add_argument("--only", choices=PHASES, action="append", help="run only these phases (repeatable)")
+    ap.add_argument(
+        "--server-set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a serving-config override for the --build-world server (repeatable)",
+    )
     ap.add_argument("--d-model", type=int, default=64, help="ranker width of the --build-world model")
+    ap.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="also sample the bench world's cold-start users (2: old embedding version, 4: none)",
+    )
     args = ap.parse_args()
     phases = set(args.only or PHASES)
 
     proc = None
     users = [int(u) for u in args.users.split(",")]
     if args.build_world:
-        proc, model_path, users, args.num_ads = start_server(args.build_world, args.port, 5000, args.d_model)
+        proc, model_path, users, args.num_ads = start_server(
+            args.build_world, args.port, 5000, args.d_model, args.cold_start, args.server_set or ()
+        )
         args.url, args.model_uri, args.pid = f"http://127.0.0.1:{args.port}", str(model_path), proc.pid
     if urllib.parse.urlparse(args.url).hostname not in ("127.0.0.1", "localhost"):
         raise SystemExit(
@@ -371,7 +427,7 @@ def main() -> None:
     try:
         wait_ready(args.url, proc)
         rng = np.random.default_rng(0)
-        print(f"server {args.url} (pid {args.pid or '?'}), {os.cpu_count()} CPUs, "
+        print(f"server {args.url} (pid {args.pid or '?'}), {os.cpu_count()} CPUs ({cpu_model()}), "
               f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
         if "latency" in phases:
             run_latency(args.url, rng, users, args.num_ads, sizes, args.requests, args.concurrency, server,

@@ -1,8 +1,15 @@
 """The serving config: one dataclass drives the local ``gemflow serve`` process and the cluster InferenceService.
 
 Budgets are in milliseconds. ``feature_timeout_ms`` bounds the per-request online-store read (the user side);
-past it the request is answered on the degraded path. ``request_timeout_ms`` is the last-resort guard of the
-whole request (answered 503, never a hang).
+past it the request is answered on the degraded path. ``request_timeout_ms`` is the deadline of the whole request:
+past it the work is cancelled and the client gets 503. ``max_in_flight`` bounds the requests admitted at once;
+beyond it a request is shed at once (503 + ``Retry-After``) instead of queueing past its deadline.
+
+``context.request_ts`` must lie in ``[now - request_ts_max_age_days, now + request_ts_max_ahead_s]`` of the server
+clock: replaying a recent request is allowed, an epoch-zero or overflowing timestamp is a client mistake.
+
+Secrets are not config: the inference bearer token comes from ``GEMFLOW_SERVING_TOKEN`` and the model-repository
+token from ``GEMFLOW_SERVING_ADMIN_TOKEN`` (``serving.auth``).
 """
 
 from __future__ import annotations
@@ -18,9 +25,34 @@ MODEL_NAME = "gem-ranker"
 class LimitsConfig:
     max_candidates: int = 5000
     max_body_bytes: int = 1_000_000  # a 5,000-candidate request is ~40 kB of JSON
-    feature_timeout_ms: float = 8.0  # user-side online read (worker thread); past it -> degraded
+    feature_timeout_ms: float = (
+        8.0  # user-side online read budget, floor (worker thread); past it -> degraded
+    )
+    feature_timeout_max_ms: float = 30.0  # its cap: the budget adapts to 1.5 x the reads' p99.9 in between
     request_timeout_ms: float = 2000.0  # whole request; past it -> 503 with a message
     max_context_keys: int = 16
+    max_in_flight: int = 16  # admitted requests at once (parsing, reading, queued or scoring); beyond -> 503
+    retry_after_s: int = 1  # the Retry-After of a shed request
+    request_ts_max_age_days: float = 365.0  # oldest request_ts accepted (replays of recent traffic)
+    request_ts_max_ahead_s: float = 3600.0  # newest request_ts accepted (clock skew between hosts)
+
+
+@dataclass
+class ConnectionConfig:
+    """Connection-level limits of the HTTP server (uvicorn's h11 protocol, ``serving.connections``)."""
+
+    header_timeout_s: float = 5.0  # from a request's first byte to its last header line (slow-loris guard)
+    idle_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_header_bytes: int = 16 * 1024  # request line + all headers
+    max_headers: int = 64  # header lines per request
+    http_parser: str = "httptools"  # uvicorn's protocol: httptools (C) or h11 (pure Python); same limits
+
+
+@dataclass
+class AdminConfig:
+    # KServe's model-repository extension (POST /v2/repository/models/{m}/load|unload): off unless enabled, and
+    # then only with ``Authorization: Bearer $GEMFLOW_SERVING_ADMIN_TOKEN`` (the server refuses to start without it).
+    repository_api: bool = False
 
 
 @dataclass
@@ -66,9 +98,12 @@ class ServingConfig:
     tracking_uri: str = ""  # "" = sqlite:///<ws.mlflow>/mlflow.db, the embedded default
     # The user-model version the cached embeddings must come from; "" = the one the ranker was trained against.
     expected_user_model_version: str = ""
+    host: str = "127.0.0.1"  # loopback by default; the chart binds 0.0.0.0 inside the pod
     http_port: int = 8080
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    connections: ConnectionConfig = field(default_factory=ConnectionConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     ad_table: AdTableConfig = field(default_factory=AdTableConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -79,8 +114,25 @@ class ServingConfig:
             raise ValueError(f"limits.max_candidates must be >= 1, got {lim.max_candidates}")
         if lim.max_body_bytes < 1024:
             raise ValueError(f"limits.max_body_bytes must be >= 1024, got {lim.max_body_bytes}")
-        if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0:
+        if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0 or lim.feature_timeout_max_ms < 0:
             raise ValueError("limits.feature_timeout_ms and limits.request_timeout_ms must be > 0")
+        if lim.max_in_flight < 1 or lim.retry_after_s < 0:
+            raise ValueError("limits.max_in_flight must be >= 1 and limits.retry_after_s >= 0")
+        if lim.request_ts_max_age_days <= 0 or lim.request_ts_max_ahead_s < 0:
+            raise ValueError(
+                "limits.request_ts_max_age_days must be > 0 and limits.request_ts_max_ahead_s >= 0"
+            )
+        con = self.connections
+        if (
+            min(con.header_timeout_s, con.idle_timeout_s) <= 0
+            or con.max_header_bytes < 1024
+            or con.max_headers < 8
+        ):
+            raise ValueError(
+                "connections: timeouts must be > 0, max_header_bytes >= 1024 and max_headers >= 8"
+            )
+        if con.http_parser not in ("httptools", "h11"):
+            raise ValueError(f"connections.http_parser must be httptools or h11, got {con.http_parser!r}")
         sc = self.scoring
         if sc.feature_waiting < 0:
             raise ValueError(f"scoring.feature_waiting must be >= 0, got {sc.feature_waiting}")

@@ -20,6 +20,7 @@ def render(cfg: ServingConfig) -> dict:
     port = cfg.http_port
     args = [
         "serve",
+        "--host", "0.0.0.0",  # inside the pod; the local default is 127.0.0.1
         "--http-port", str(port),
         "--set", f"model_name={cfg.model_name}",
         "--set", f"model_uri={cfg.model_uri}",
@@ -30,6 +31,11 @@ def render(cfg: ServingConfig) -> dict:
         "--set", f"limits.max_body_bytes={cfg.limits.max_body_bytes}",
         "--set", f"limits.feature_timeout_ms={cfg.limits.feature_timeout_ms}",
         "--set", f"limits.request_timeout_ms={cfg.limits.request_timeout_ms}",
+        "--set", f"limits.max_in_flight={cfg.limits.max_in_flight}",
+        "--set", f"connections.header_timeout_s={cfg.connections.header_timeout_s}",
+        "--set", f"connections.idle_timeout_s={cfg.connections.idle_timeout_s}",
+        "--set", f"connections.max_header_bytes={cfg.connections.max_header_bytes}",
+        "--set", f"connections.max_headers={cfg.connections.max_headers}",
     ]  # fmt: skip
     if cfg.expected_user_model_version:
         args += ["--set", f"expected_user_model_version={cfg.expected_user_model_version}"]

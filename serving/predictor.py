@@ -1,16 +1,20 @@
 """The KServe predictor of the online ranker.
 
-    preprocess   validate (V1 JSON or V2 tensors) -> read the user side from Feast (worker thread, deadline)
-    predict      online features -> tensors (serving.inputs) -> user K/V once, candidates in batches, on a
-                 scoring worker thread (``scoring.workers``): the event loop keeps parsing and reading the
-                 next requests while torch (which releases the GIL in its kernels) scores this one
-    postprocess  ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy
-                 arrays: the ORJSON response serializes them natively, no per-item Python lists)
+    answer   (called by ``serving.gateway`` for V1 and V2 alike, with a parsed request and a deadline)
+             read the user side from Feast (worker thread, ``feature_timeout_ms``) -> online features -> tensors
+             (serving.inputs) -> user K/V once, candidates in batches, on a scoring worker thread
+             (``scoring.workers``): the event loop keeps parsing and reading the next requests while torch
+             (which releases the GIL in its kernels) scores this one
+    result   ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy arrays)
+
+Deadlines: work whose deadline has passed is cancelled, not finished: a queued job never starts, a running one
+stops at its next checkpoint (before the tensors, before each scoring batch). Outcomes are counted by the gateway
+once an answer is actually sent (``count``), so a request answered 503 is never counted as ok.
 
 Degradation, not failure: an unknown user or a missing/unusable embedding takes the cold-start path (profile +
 recent events only); an embedding from another user-model version is flagged, counted and not used; a slow or
-unavailable store answers from whatever is known (no user side at all) within the budget. Client mistakes
-raise ``InvalidInput`` (HTTP 400) with a message naming the problem.
+unavailable store answers from whatever is known (no user side at all) within the budget. Readiness means "this
+replica can answer" (model and ad table loaded); the shared store's health is a metric and a per-answer flag.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from kserve import Model
-from kserve.errors import InvalidInput
-from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from gemflow.workspace import Workspace
 from serving import inputs as build
@@ -36,14 +38,15 @@ from serving.ad_table import AdTable, ProcessLoader, feast_ad_loader, offline_ad
 from serving.config import ServingConfig
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
-from serving.schema import ParsedRequest, RequestError, parse_request, v2_to_body
+from serving.schema import ParsedRequest
 from serving.scorer import UserInputs, score_shared, user_tokens
 from serving.stats import ServingStats
 from serving.user_features import UserFeatureReader, UserFeatures, store_guard
 
 log = logging.getLogger(__name__)
 USER_SERVICE = "ranker_serving"
-PROBE_SECONDS = 1.0  # how long a feature-store readiness probe result is reused
+PROBE_SECONDS = 1.0  # how long a feature-store health probe result is reused
+WARM_UP_READS = 64  # store reads before serving (they seed the adaptive read budget)
 # Request ids: a random per-process prefix + a counter (unique without a urandom syscall per request).
 _ID_PREFIX, _ID_COUNTER = os.urandom(4).hex(), itertools.count()
 
@@ -52,17 +55,27 @@ def _request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
 
 
+class Cancelled(Exception):
+    """The request's deadline passed (or its client was answered 503) before the work finished."""
+
+
 @dataclass
 class Job:
-    """What preprocess hands to predict."""
+    """One request on its way to a scoring worker."""
 
     req: ParsedRequest
     feats: UserFeatures | None
     store_problem: str | None
-    v2: bool
-    started: float
+    started: float  # perf_counter at arrival
     fetch_ms: float
+    deadline: float  # time.monotonic() past which the work is abandoned
+    cancelled: bool = False  # set by the event loop when the waiting client gave up
     request_id: str = field(default_factory=_request_id)
+
+    def check(self) -> None:
+        """A cancellation point: raises Cancelled once the work is no longer wanted."""
+        if self.cancelled or time.monotonic() > self.deadline:
+            raise Cancelled
 
 
 class RankerPredictor(Model):
@@ -76,7 +89,7 @@ class RankerPredictor(Model):
         self.reader: UserFeatureReader | None = None
         self.ads: AdTable | None = None
         self._arrays: build.AdArrays | None = None
-        self._probe: tuple[float, bool, str | None] = (0.0, False, "not probed yet")
+        self._probe: tuple[float, bool, str | None] = (0.0, False, None)  # (when, ok, problem kind)
         self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------------------------------- lifecycle
@@ -102,6 +115,7 @@ class RankerPredictor(Model):
             sc.feature_workers,
             sc.feature_waiting,
             guard,
+            lim.feature_timeout_max_ms / 1e3,
         )
         if at.refresh_process:  # its own store handle from the same config, no GIL shared with requests
             make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
@@ -139,8 +153,10 @@ class RankerPredictor(Model):
         return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
 
     def _warm_up(self) -> None:
-        """Score a throwaway full-size request on every scoring worker: lazy kernel and thread-pool
-        initialisation, and each worker's heap grown to a request's working set before the first real one."""
+        """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score a
+        throwaway full-size request on every scoring worker: lazy kernel and thread-pool initialisation, and each
+        worker's heap grown to a request's working set before the first real one."""
+        self.reader.warm_up(0, WARM_UP_READS)
         recent, _ = build.recent_events(None, self.ad_arrays(), time.time(), 1, 1)
         user = UserInputs(recent, build.profile(0, None), None)
         size = min(self.cfg.limits.max_candidates, self.cfg.scoring.batch_size)
@@ -158,58 +174,81 @@ class RankerPredictor(Model):
                 log.warning("ad table lacks trained dense column(s) %s", self._arrays.missing_columns)
         return self._arrays
 
-    # ------------------------------------------------------------------------------------------- readiness
+    # ------------------------------------------------------------------------------------------- health
     async def readiness(self) -> tuple[bool, dict]:
-        """Ready = model loaded AND ad table loaded AND online store answering (probed, cached 1 s)."""
+        """Ready = model loaded AND ad table loaded: this replica can answer. The shared online store is not part
+        of it (an outage would unroute every replica exactly when the degraded path should answer); its health
+        is reported here, in ``/metrics`` and in every answer's fallback flags."""
         now = time.monotonic()
         at, ok, why = self._probe
-        if now - at > PROBE_SECONDS and self.reader is not None:
-            feats, problem = await self.reader.read(0)
-            ok, why = problem is None, problem
-            self._probe = (now, ok, why)
+        if now - at > PROBE_SECONDS and self.reader is not None:  # no request read the store lately: probe it
+            _, problem = await self.reader.read(0)
+            self._note_store(problem)
+            _, ok, why = self._probe
         ads = self.ads.status() if self.ads else {"loaded": False}
+        ready = bool(self.ready and ads.get("loaded"))
         detail = {
             "name": self.name,
+            "ready": ready,
             "model_loaded": self.ready,
             "model_version": self.served.version if self.served else None,
             "expected_user_model_version": self.expected_user_model_version,
-            "feature_store": {"ok": ok, "problem": why},
+            "feature_store": {
+                "ok": ok,
+                "problem": why,
+                "read_budget_ms": round(1e3 * self.reader.timeout_s, 3) if self.reader else None,
+            },
             "ad_table": ads,
         }
-        ready = bool(self.ready and ok and ads.get("loaded"))
-        return ready, {**detail, "ready": ready}
+        return ready, detail
+
+    def _note_store(self, problem: str | None) -> None:
+        """Record the store's health from a read. Clients see only the problem's kind; its text (an exception
+        message may name hosts) goes to the log, once per change of state."""
+        kind = None if problem is None else problem.split(":", 1)[0]
+        if kind != self._probe[2]:
+            log.warning("feature store: %s", problem or "reads succeed again")
+        self._probe = (time.monotonic(), problem is None, kind)
+        self.stats.store(problem is None)
 
     # ------------------------------------------------------------------------------------------- handlers
-    async def preprocess(self, payload, headers=None) -> Job:
+    async def answer(self, req: ParsedRequest, deadline: float) -> dict:
+        """Rank one parsed request; raises Cancelled past ``deadline`` (and stops its worker, see ``Job``)."""
         started = time.perf_counter()
         self.pauses.watch_loop()  # the lag probe needs the server's running loop: started by the first request
-        v2 = isinstance(payload, InferRequest)
-        try:
-            if v2:
-                body = v2_to_body(payload.inputs)
-            elif isinstance(payload, bytes):  # KServe passes non-JSON content types through raw
-                raise RequestError("the body must be JSON with Content-Type: application/json")
-            else:
-                body = payload
-            req = parse_request(body, self.cfg.limits.max_candidates)
-        except RequestError as err:
-            self.stats.request("rejected")
-            raise InvalidInput(str(err)) from None
-        t0 = time.perf_counter()
         feats, problem = await self.reader.read(req.user_id)
-        self._probe = (time.monotonic(), problem is None, problem)  # every read is also a health probe
-        return Job(req, feats, problem, v2, started, 1e3 * (time.perf_counter() - t0))
+        self._note_store(problem)  # every read is also a health probe
+        job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline)
+        job.check()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._scoring, self.rank, job)
+        except asyncio.CancelledError:
+            job.cancelled = True  # a queued job never starts; a running one stops at its next checkpoint
+            raise
 
-    async def predict(self, job: Job, headers=None) -> dict:
-        return await asyncio.get_running_loop().run_in_executor(self._scoring, self.rank, job)
+    def count(self, result: dict) -> None:
+        """Count an answer that was sent (called by the gateway after a 200)."""
+        fb = result["fallback"]
+        self.stats.unknown(fb["unknown_ads"])
+        if fb["embedding_version_mismatch"]:
+            self.stats.version_mismatch()
+        for reason in fb["reasons"]:
+            self.stats.fallback(reason)
+        self.stats.request("degraded" if fb["degraded"] else "ok")
+
+    async def predict(self, payload, headers=None):
+        """KServe's own predict path is not routed here: ``serving.gateway`` answers both protocols."""
+        raise NotImplementedError("requests reach the ranker through serving.gateway")
 
     def rank(self, job: Job) -> dict:
         """The scoring of one request (runs on a scoring worker thread)."""
+        job.check()  # it may have waited in the pool's queue past its deadline
+        t_build = time.perf_counter()
         served, req, feats = self.served, job.req, job.feats
         ads = self.ad_arrays()
         reasons: list[str] = []
         if job.store_problem:
-            reasons.append(job.store_problem)
+            reasons.append(job.store_problem.split(":", 1)[0])  # the kind only: see _note_store
         elif feats is None or not feats.known:
             reasons.append("unknown_user")
         request_ts = req.request_ts if req.request_ts is not None else time.time()
@@ -221,7 +260,6 @@ class RankerPredictor(Model):
         expected = self.expected_user_model_version
         if tokens is not None and expected and embedding_version != expected:
             mismatch, tokens = True, None  # tokens from another model live in another space: do not use them
-            self.stats.version_mismatch()
             reasons.append("embedding_version_mismatch")
         elif tokens is None and served.ranker.user_proj is not None and feats is not None and feats.known:
             reasons.append(why_not)
@@ -229,14 +267,11 @@ class RankerPredictor(Model):
         user = UserInputs(recent, build.profile(req.user_id, feats), tokens)
         cands, unknown = build.candidates(req.candidates, req.surface, ads)
         t0 = time.perf_counter()
-        probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size)
-        score_ms = 1e3 * (time.perf_counter() - t0)
+        build_ms = 1e3 * (t0 - t_build)
+        probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size, job.check)
         order = np.argsort(-probs[:, 0], kind="stable")
-        self.stats.unknown(unknown)
-        for reason in reasons:
-            self.stats.fallback(reason)
+        score_ms = 1e3 * (time.perf_counter() - t0)
         degraded = bool(reasons) or not self.ads.loaded
-        self.stats.request("degraded" if degraded else "ok")
         snap = ads.snapshot
         return {
             "request_id": job.request_id,
@@ -261,35 +296,8 @@ class RankerPredictor(Model):
             },
             "timing_ms": {
                 "features": round(job.fetch_ms, 3),
+                "build": round(build_ms, 3),
                 "score": round(score_ms, 3),
                 "total": round(1e3 * (time.perf_counter() - job.started), 3),
             },
-            "_v2": job.v2,
-            "_wrapped": req.wrapped,
         }
-
-    def postprocess(self, result: dict, headers=None, response_headers=None):
-        v2, wrapped = result.pop("_v2"), result.pop("_wrapped")
-        if v2:
-            return _v2_response(self.name, result)
-        return {"predictions": [result]} if wrapped else result
-
-
-def _v2_response(model_name: str, r: dict) -> InferResponse:
-    n = len(r["ad_ids"])
-    outputs = [
-        InferOutput("ad_ids", [n], "INT64", r["ad_ids"].astype(np.int64)),
-        InferOutput("p_click", [n], "FP32", r["p_click"].astype(np.float32)),
-        InferOutput("p_conversion", [n], "FP32", r["p_conversion"].astype(np.float32)),
-    ]
-    fb = r["fallback"]
-    params = {
-        "user_id": r["user_id"],
-        "model_version": r["model_version"],
-        "expected_user_model_version": r["expected_user_model_version"] or "",
-        "embedding_version": r["embedding_version"] or "",
-        "ad_table_as_of": r["ad_table_as_of"] or "",
-        **{f"fallback.{k}": (",".join(v) if isinstance(v, list) else v) for k, v in fb.items()},
-        **{f"timing_ms.{k}": v for k, v in r["timing_ms"].items()},
-    }
-    return InferResponse(r["request_id"], model_name, outputs, parameters=params)

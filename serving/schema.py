@@ -3,9 +3,9 @@
     {"user_id": 42, "candidates": [7, 19, 3], "context": {"surface": "feed", "hour": 13, "request_ts": 1.7e9}}
 
 V1 accepts that object as the body (or wrapped as ``{"instances": [<it>]}``); V2 / Open Inference Protocol
-sends the same fields as named tensors (``user_id`` INT64 [1], ``candidates`` INT64 [N], optional ``surface``
-BYTES [1], ``hour`` INT* [1], ``request_ts`` FP* [1]). Strict types: no strings for numbers, no floats or
-booleans for ids, no NaN/inf, no unknown fields, no duplicate or negative ids.
+sends the same fields as named tensors (``serving.v2``). Strict types: no strings for numbers, no floats or
+booleans for ids, no NaN/inf, no unknown fields, no duplicate or negative ids, and a ``request_ts`` inside the
+window the server allows around its clock (``ts_bounds``).
 """
 
 from __future__ import annotations
@@ -70,8 +70,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def parse_request(body: Any, max_candidates: int) -> ParsedRequest:
-    """A V1 body (already JSON-decoded) -> ParsedRequest, or RequestError naming what is wrong."""
+def parse_request(
+    body: Any, max_candidates: int, ts_bounds: tuple[float, float] | None = None
+) -> ParsedRequest:
+    """A V1 body (already JSON-decoded) -> ParsedRequest, or RequestError naming what is wrong.
+
+    ``ts_bounds``: the oldest and newest ``context.request_ts`` accepted (epoch seconds), None = no bound."""
     wrapped = False
     if isinstance(body, dict) and "instances" in body:
         if set(body) != {"instances"}:
@@ -86,10 +90,12 @@ def parse_request(body: Any, max_candidates: int) -> ParsedRequest:
         req = RankRequest.model_validate(body)
     except ValidationError as err:
         raise RequestError(f"invalid request: {_describe(err)}") from None
-    return _check(req, max_candidates, wrapped)
+    return _check(req, max_candidates, wrapped, ts_bounds)
 
 
-def _check(req: RankRequest, max_candidates: int, wrapped: bool) -> ParsedRequest:
+def _check(
+    req: RankRequest, max_candidates: int, wrapped: bool, ts_bounds: tuple[float, float] | None
+) -> ParsedRequest:
     n = len(req.candidates)
     if n == 0:
         raise RequestError("candidates: the list is empty (send 1 or more ad ids)")
@@ -103,6 +109,12 @@ def _check(req: RankRequest, max_candidates: int, wrapped: bool) -> ParsedReques
     ctx = req.context
     if ctx.surface not in SURFACES:
         raise RequestError(f"context.surface: {ctx.surface!r} is not one of {list(SURFACES)}")
+    ts = ctx.request_ts
+    if ts is not None and ts_bounds is not None and not ts_bounds[0] <= ts <= ts_bounds[1]:
+        raise RequestError(
+            f"context.request_ts: {ts:.6g} is outside the accepted window {ts_bounds[0]:.0f}..{ts_bounds[1]:.0f} "
+            "(epoch seconds around the server clock; omit it to use the server's clock)"
+        )
     return ParsedRequest(
         user_id=req.user_id,
         candidates=cands,
@@ -111,52 +123,3 @@ def _check(req: RankRequest, max_candidates: int, wrapped: bool) -> ParsedReques
         request_ts=ctx.request_ts,
         wrapped=wrapped,
     )
-
-
-# ------------------------------------------------------------------------------------------- V2 tensors
-def v2_to_body(inputs: list) -> dict:
-    """Open Inference Protocol inputs (kserve ``InferInput``s) -> the V1-shaped body, checked tensor by tensor."""
-    known = {"user_id", "candidates", "surface", "hour", "request_ts"}
-    body: dict[str, Any] = {}
-    context: dict[str, Any] = {}
-    for tensor in inputs:
-        name, dtype, shape = tensor.name, str(tensor.datatype).upper(), list(tensor.shape)
-        if name not in known:
-            raise RequestError(f"input {name!r} is not known; expected some of {sorted(known)}")
-        if name in body or name in context:
-            raise RequestError(f"input {name!r} is given twice")
-        data = tensor.data
-        data = data.tolist() if isinstance(data, np.ndarray) else list(data) if data is not None else []
-        if any(isinstance(d, list) for d in data):
-            data = [x for row in data for x in (row if isinstance(row, list) else [row])]
-        if int(np.prod(shape)) != len(data):
-            raise RequestError(f"input {name!r}: shape {shape} does not match its {len(data)} data value(s)")
-        if name == "candidates":
-            _need(name, dtype, V2_INT)
-            body[name] = data
-            continue
-        if len(data) != 1:
-            raise RequestError(f"input {name!r} must hold exactly one value, got {len(data)}")
-        value = data[0]
-        if name == "user_id":
-            _need(name, dtype, V2_INT)
-            body[name] = value
-        elif name == "surface":
-            _need(name, dtype, ("BYTES",))
-            context[name] = value.decode() if isinstance(value, bytes) else value
-        elif name == "hour":
-            _need(name, dtype, V2_INT)
-            context[name] = value
-        else:
-            _need(name, dtype, V2_FLOAT + V2_INT)
-            context[name] = (
-                float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-            )
-    if context:
-        body["context"] = context
-    return body
-
-
-def _need(name: str, dtype: str, allowed: tuple[str, ...]) -> None:
-    if dtype not in allowed:
-        raise RequestError(f"input {name!r}: datatype {dtype} is not allowed; use one of {list(allowed)}")

@@ -7,6 +7,7 @@ candidate, and exists to prove equality (tests) and to measure what sharing save
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,13 +39,23 @@ def user_tokens(embedding: np.ndarray | None, ranker: Ranker) -> tuple[torch.Ten
 
 
 @torch.inference_mode()
-def score_shared(ranker: Ranker, user: UserInputs, cands: Candidates, batch_size: int) -> np.ndarray:
-    """(N, 2) probabilities p_click, p_conversion; the user's K/V computed once, shared by every batch."""
+def score_shared(
+    ranker: Ranker,
+    user: UserInputs,
+    cands: Candidates,
+    batch_size: int,
+    check: Callable[[], None] | None = None,
+) -> np.ndarray:
+    """(N, 2) probabilities p_click, p_conversion; the user's K/V computed once, shared by every batch.
+
+    ``check`` is called before every batch: it raises to abandon a request whose deadline passed."""
     mask = None if user.user_tokens is None else torch.ones(1, dtype=torch.bool)
     side = ranker.user_side(user.recent, user.profile, user.user_tokens, mask)
     n = cands.ad_id.numel()
     out = []
     for start in range(0, n, batch_size):
+        if check is not None:
+            check()
         stop = min(n, start + batch_size)
         chunk = Candidates(
             ad_id=cands.ad_id[start:stop],

@@ -1,153 +1,79 @@
-"""The real KServe ``ModelServer`` with the ranker's limits and readiness in front of KServe's routes.
+"""The real KServe ``ModelServer`` around the ranker, safe by default.
 
-KServe adds its V1/V2 routes to the module-level ``kserve.model_server.app`` when the server starts; what is
-added here first takes precedence:
-- ``BodyLimit``: bodies over ``max_body_bytes`` -> 413 before anything is parsed (KServe has no REST limit);
-- ``RequestDeadline``: a request still running after ``request_timeout_ms`` -> 503 with a message;
-- model readiness (``GET /v2/models/{name}/ready``, ``GET /v1/models/{name}``) that covers the feature store
-  and the ad table, not just "the model object is loaded" (predict keeps answering, degraded, meanwhile);
-- ``GET /v2/models/{name}/stats``: fallback / mismatch counters and the process's pauses as JSON.
+KServe adds its V1/V2 routes to the module-level ``kserve.model_server.app`` when the server starts.
+``serving.gateway`` wraps that app as the ASGI application uvicorn runs: it answers the ranker's routes itself,
+before any of FastAPI's layers (middleware, routing), and hands the rest to KServe. ``ModelServer.start``
+hard-codes ``0.0.0.0`` and uvicorn's defaults, so ``GemflowModelServer`` builds the same ``RESTServer`` with the
+configured host, the gateway and the connection limits (``serving.connections``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
+import kserve
+from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.protocol.rest.server import RESTServer
+
 from gemflow.workspace import Workspace
+from serving.auth import Tokens
 from serving.config import ServingConfig
+from serving.connections import uvicorn_settings
+
+log = logging.getLogger(__name__)
 
 
-def _json(status: int, payload: dict) -> tuple[dict, list[dict]]:
-    body = json.dumps(payload).encode()
-    start = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-    }
-    return start, [{"type": "http.response.body", "body": body}]
+class GemflowModelServer(kserve.ModelServer):
+    """``kserve.ModelServer`` whose REST server binds ``cfg.host``, runs ``app`` (the gateway around KServe's
+    app) and applies ``cfg.connections``' limits."""
+
+    def __init__(self, cfg: ServingConfig, app):
+        super().__init__(http_port=cfg.http_port, enable_grpc=False, workers=1, enable_latency_logging=False)
+        self.cfg, self.app = cfg, app
+
+    def start(self, models) -> None:
+        self._register_and_check_atleast_one_model_is_ready(models)
+        rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
+                          self.http_port, workers=1, grace_period=self.grace_period)  # fmt: skip
+        rest.config.host = self.cfg.host
+        rest.config.app = self.app  # an ASGI object instead of KServe's import string (one worker process)
+        for key, value in uvicorn_settings(self.cfg.connections).items():
+            setattr(rest.config, key, value)
+        self._rest_server = rest
+        self.servers.append(rest.start())
+        self.setup_event_loop()
+        self.register_signal_handler()
+        log.info("serving %s on http://%s:%d", [m.name for m in models], self.cfg.host, self.http_port)
+        asyncio.run(self._serve())
 
 
-async def _send_json(send, status: int, payload: dict) -> None:
-    start, bodies = _json(status, payload)
-    await send(start)
-    for b in bodies:
-        await send(b)
-
-
-class BodyLimit:
-    """Reject request bodies larger than ``limit`` bytes (declared or streamed) with 413."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
-        too_big = f"request body exceeds the limit of {self.limit} bytes"
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                return await _send_json(send, 400, {"error": f"invalid Content-Length {declared.decode()!r}"})
-            if size > self.limit:
-                return await _send_json(send, 413, {"error": f"{too_big} (Content-Length: {size})"})
-        seen = 0
-        started = False
-
-        async def counting_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await _send_json(send, 413, {"error": too_big})
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class RequestDeadline:
-    """Answer 503 when a request has not finished within ``seconds`` (a last-resort guard, never a hang)."""
-
-    def __init__(self, app, seconds: float):
-        self.app, self.seconds = app, seconds
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await asyncio.wait_for(self.app(scope, receive, tracking_send), self.seconds)
-        except TimeoutError:
-            if not started:
-                await _send_json(
-                    send, 503, {"error": f"request exceeded the {1e3 * self.seconds:.0f} ms deadline"}
-                )
-
-
-def install(app, predictor, cfg: ServingConfig) -> None:
-    """Add the limits and the ranker's routes to KServe's FastAPI app (before KServe adds its own)."""
-    from fastapi.responses import ORJSONResponse
-
-    name = cfg.model_name
-
-    async def ready():
-        ok, detail = await predictor.readiness()
-        return ORJSONResponse(detail, status_code=200 if ok else 503)
-
-    async def stats():
-        _, detail = await predictor.readiness()
-        return ORJSONResponse(
-            {**detail, "stats": predictor.stats.snapshot(), "pauses": predictor.pauses.snapshot()}
-        )
-
-    app.add_api_route(f"/v2/models/{name}/ready", ready, methods=["GET"])
-    app.add_api_route(f"/v1/models/{name}", ready, methods=["GET"])
-    app.add_api_route(f"/v2/models/{name}/stats", stats, methods=["GET"])
-    # Starlette runs the last-added middleware first: the size check sees the raw request before the deadline.
-    app.add_middleware(RequestDeadline, seconds=cfg.limits.request_timeout_ms / 1e3)
-    app.add_middleware(BodyLimit, limit=cfg.limits.max_body_bytes)
+def _log_to_stderr() -> None:
+    """The ``serving`` loggers print one line per event (KServe configures only its own loggers)."""
+    root = logging.getLogger("serving")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        root.propagate = False
 
 
 def serve(cfg: ServingConfig, ws: Workspace) -> None:
-    """Load the ranker and block serving HTTP on ``cfg.http_port`` (all interfaces: it runs in a pod)."""
-    import kserve
+    """Load the ranker and block serving HTTP on ``cfg.host:cfg.http_port``."""
     from kserve import model_server
 
+    from serving.gateway import Gateway
+
+    _log_to_stderr()
     from serving.pauses import freeze_heap
     from serving.predictor import RankerPredictor
 
+    tokens = Tokens.from_env(cfg.admin.repository_api)  # refuse a bad auth setup before loading anything
     predictor = RankerPredictor(cfg, ws)
     predictor.load()
     frozen = freeze_heap()  # what loading left alive is never walked by a collection again (serving.pauses)
-    logging.getLogger(__name__).info("%d objects frozen out of garbage collection", frozen)
-    install(model_server.app, predictor, cfg)
-    server = kserve.ModelServer(
-        http_port=cfg.http_port, enable_grpc=False, workers=1, enable_latency_logging=False
-    )
-    server.start([predictor])
+    log.info("%d objects frozen out of garbage collection", frozen)
+    if tokens.inference is None:
+        log.info("inference routes are open (set $GEMFLOW_SERVING_TOKEN to require a bearer token)")
+    GemflowModelServer(cfg, Gateway(model_server.app, predictor, cfg, tokens)).start([predictor])

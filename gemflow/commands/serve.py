@@ -17,6 +17,10 @@ def register(app: typer.Typer) -> None:
         cfg_path: ConfigOpt = None,
         overrides: SetOpt = None,
         ws: WorkspaceOpt = None,
+        host: Annotated[
+            str | None,
+            typer.Option("--host", help="Address to bind (default 127.0.0.1; 0.0.0.0 inside a pod)."),
+        ] = None,
         http_port: Annotated[
             int | None, typer.Option("--http-port", help="HTTP port (default 8080).")
         ] = None,
@@ -24,15 +28,18 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--model-uri", help="MLflow URI or a local model.pt bundle path.")
         ] = None,
     ) -> None:
-        """Serve the online ranker (KServe V1 + V2 REST) until interrupted."""
+        """Serve the online ranker (KServe V1 + V2 REST) until interrupted.
+
+        Set GEMFLOW_SERVING_TOKEN to require ``Authorization: Bearer <token>`` on the inference routes."""
+        from serving.auth import AuthError
         from serving.config import ServingConfig
         from serving.model_source import ModelLoadError
         from serving.server import serve
 
-        cfg = config(ServingConfig, cfg_path, overrides, http_port=http_port, model_uri=model_uri)
+        cfg = config(ServingConfig, cfg_path, overrides, host=host, http_port=http_port, model_uri=model_uri)
         try:
             serve(cfg, workspace(ws))
-        except ModelLoadError as err:
+        except (ModelLoadError, AuthError) as err:
             raise typer.BadParameter(str(err)) from err
 
     @app.command("rank")

@@ -310,8 +310,11 @@ def test_inference_service_matches_the_kserve_sdk_models(rendered):
         assert container.name == "kserve-container"
         assert container.command == ["gemflow"] and container.args[0] == "serve"
         assert f"--http-port={container.ports[0].container_port}" in container.args
+        # readiness = this replica can answer (model + ad table); liveness = the process serves HTTP. Neither
+        # depends on the shared feature store (serving.predictor.readiness).
         assert container.readiness_probe.http_get.path == "/v2/models/gem-ranker/ready"
-        assert container.liveness_probe.http_get.path == "/v1/models/gem-ranker"
+        assert container.liveness_probe.http_get.path == "/v2/health/live"
+        assert "--host=0.0.0.0" in container.args  # `gemflow serve` binds 127.0.0.1 unless told
         assert container.ports[0].container_port == container.readiness_probe.http_get.port == 8080
     prod = next(d for d in rendered["values-production.yaml"] if d["kind"] == "InferenceService")
     assert prod["spec"]["predictor"]["canaryTrafficPercent"] == 10
@@ -440,8 +443,22 @@ def test_ranker_arguments_parse_with_gemflow_serve(rendered):
         with group.make_context("gemflow", list(args)) as group_ctx:
             serve = group.get_command(group_ctx, "serve")
             params = serve.make_context("serve", args[1:], parent=group_ctx).params
-        cfg = config(ServingConfig, params["cfg_path"], params["overrides"], http_port=params["http_port"])
+        cfg = config(ServingConfig, params["cfg_path"], params["overrides"], http_port=params["http_port"],
+                     host=params["host"])  # fmt: skip
         assert cfg.model_name == "gem-ranker" and cfg.http_port == 8080, values_file
+        assert cfg.host == "0.0.0.0" and cfg.limits.max_in_flight == 16
+        con = cfg.connections
+        assert (con.header_timeout_s, con.idle_timeout_s, con.max_header_bytes, con.max_headers) == (
+            5,
+            5,
+            16384,
+            64,
+        )
+        token = env.get("GEMFLOW_SERVING_TOKEN")
+        if values_file == "values-production.yaml":
+            assert token["valueFrom"]["secretKeyRef"] == {"name": "gemflow-ranker-token", "key": "token"}
+        else:
+            assert token is None, values_file  # open unless a Secret is named
         assert cfg.tracking_uri == "http://gemflow-mlflow:5000"
         assert cfg.feature_store.online_store == "redis"
         assert cfg.feature_store.redis_connection.endswith(":6379,password=r3d1s")

@@ -41,6 +41,8 @@ def test_inference_service_is_knative_canary_with_model_probe():
     assert container["command"] == ["gemflow"] and container["args"][0] == "serve"
     assert "model_uri=models:/gem-ranker@champion" in container["args"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/models/gem-ranker/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["args"][1:3] == ["--host", "0.0.0.0"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] == "false"
     assert container["resources"]["limits"]["cpu"] == "2"

@@ -81,3 +81,18 @@ def test_user_tokens_are_refused_when_unusable():
     tokens, why = user_tokens(np.arange(16, dtype=np.float32), ranker)
     assert why is None and tokens.shape == (1, 2, 8)
     assert user_tokens(np.zeros(16, np.float32), _ranker(False))[1] == "ranker_uses_no_embedding"
+
+
+def test_a_cancelled_request_stops_between_batches():
+    """``check`` runs before every batch: a request whose deadline passed scores no further batch."""
+    ranker, user, cands = _ranker(True), _user(6, True), _cands(40)
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 1:  # the deadline passes after the first batch
+            raise TimeoutError
+
+    with pytest.raises(TimeoutError):
+        score_shared(ranker, user, cands, batch_size=16, check=check)
+    assert len(calls) == 2  # batch 1 scored, batch 2 refused, batch 3 never reached

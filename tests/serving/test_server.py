@@ -2,46 +2,21 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import sqlite3
 import time
+import urllib.parse
 import urllib.request
 
 import numpy as np
 import pytest
 
 from serving.client import get, post, v1_body, v2_body
-from tests.serving.world import (
-    MODEL,
-    REQUEST_TS,
-    USER_MODEL_VERSION,
-    build_world,
-    free_port,
-    running_server,
-    write_offline_set,
-)
+from tests.serving.conftest import MAX_BODY_BYTES, MAX_CANDIDATES
+from tests.serving.world import MODEL, REQUEST_TS, USER_MODEL_VERSION, write_offline_set
 
 pytestmark = pytest.mark.integration
-MAX_CANDIDATES = 50
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("serving"))
-
-
-@pytest.fixture(scope="module")
-def server(world, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
-    settings = (
-        f"limits.max_candidates={MAX_CANDIDATES}", "limits.max_body_bytes=4096", "limits.feature_timeout_ms=1500",
-        "limits.request_timeout_ms=10000", "ad_table.refresh_seconds=3600",
-    )  # fmt: skip
-    try:
-        with running_server(world, free_port(), log, *settings) as base:
-            yield base
-    except RuntimeError as err:
-        pytest.fail(str(err))
 
 
 def _v1(base):
@@ -52,13 +27,18 @@ def _v2(base):
     return f"{base}/v2/models/{MODEL}/infer"
 
 
-def _raw(url: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": content_type}, method="POST")
+def _raw(url: str, data: bytes, content_type: str | None = "application/json", **headers) -> tuple[int, dict]:
+    """POST with exactly these headers (http.client adds no Content-Type of its own, unlike urllib)."""
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+        conn.request("POST", parts.path, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
 
 
 CTX = {"request_ts": float(REQUEST_TS)}
@@ -66,8 +46,8 @@ OK = {"user_id": 0, "candidates": [1, 2, 3]}
 
 # (name, protocol, body: dict or raw bytes, substring the error must contain)
 MALFORMED = [
-    ("bad_json", "v1", b'{"user_id": 1,', "Unrecognized request format"),
-    ("empty_body", "v1", b"", "Unrecognized request format"),
+    ("bad_json", "v1", b'{"user_id": 1,', "not valid JSON"),
+    ("empty_body", "v1", b"", "not valid JSON"),
     ("body_is_list", "v1", [1, 2], "must be a JSON object"),
     ("body_is_string", "v1", "hello", "must be a JSON object"),
     ("missing_user_id", "v1", {"candidates": [1]}, "user_id: Field required"),
@@ -90,22 +70,31 @@ MALFORMED = [
     ("context_not_object", "v1", {**OK, "context": "feed"}, "context: Input should be a valid dictionary"),
     ("context_bad_surface", "v1", {**OK, "context": {"surface": "tv"}}, "'tv' is not one of"),
     ("context_hour_out_of_range", "v1", {**OK, "context": {"hour": 24}}, "context.hour"),
-    ("context_nan_literal", "v1", b'{"user_id": 1, "candidates": [1], "context": {"request_ts": NaN}}', "Unrecognized"),
+    ("context_nan_literal", "v1", b'{"user_id": 1, "candidates": [1], "context": {"request_ts": NaN}}', "not valid JSON"),
     ("context_nan_string", "v1", {**OK, "context": {"request_ts": "NaN"}}, "context.request_ts"),
     ("context_infinity", "v1", b'{"user_id": 1, "candidates": [1], "context": {"request_ts": 1e999}}', "infinity"),
+    ("request_ts_1e19", "v1", {**OK, "context": {"request_ts": 1e19}}, "outside the accepted window"),
+    ("request_ts_1e300", "v1", {**OK, "context": {"request_ts": 1e300}}, "outside the accepted window"),
+    ("request_ts_int64_max", "v1", {**OK, "context": {"request_ts": 2**63 - 1}}, "outside the accepted window"),
+    ("request_ts_1970", "v1", {**OK, "context": {"request_ts": 86400.0}}, "outside the accepted window"),
     ("instances_two", "v1", {"instances": [OK, OK]}, "exactly one"),
     ("instances_with_extra", "v1", {"instances": [OK], "x": 1}, "no other top-level field"),
-    ("body_too_large", "v1", {"user_id": 1, "candidates": [1] * 3000}, "exceeds the limit of 4096 bytes"),
+    ("body_too_large", "v1", {"user_id": 1, "candidates": [1] * 3000}, f"exceeds the limit of {MAX_BODY_BYTES} bytes"),
     ("not_json_content_type", "v1-text", b"user=1", "must be JSON"),
-    ("v2_bad_json", "v2", b'{"inputs": [', "detail"),
+    ("v2_bad_json", "v2", b'{"inputs": [', "not valid JSON"),
     ("v2_unknown_input", "v2", {"inputs": [{"name": "uid", "shape": [1], "datatype": "INT64", "data": [1]}]}, "'uid' is not known"),
     ("v2_candidates_fp32", "v2", {"inputs": [{"name": "user_id", "shape": [1], "datatype": "INT64", "data": [1]},
-                                             {"name": "candidates", "shape": [1], "datatype": "FP32", "data": [1.0]}]}, "datatype FP32"),
+                                             {"name": "candidates", "shape": [1], "datatype": "FP32", "data": [1.0]}]}, "datatype 'FP32'"),
     ("v2_shape_mismatch", "v2", {"inputs": [{"name": "user_id", "shape": [1], "datatype": "INT64", "data": [1]},
-                                            {"name": "candidates", "shape": [4], "datatype": "INT64", "data": [1, 2]}]}, "does not match"),
+                                            {"name": "candidates", "shape": [4], "datatype": "INT64", "data": [1, 2]}]}, "data has 2"),
     ("v2_missing_user", "v2", {"inputs": [{"name": "candidates", "shape": [1], "datatype": "INT64", "data": [1]}]}, "user_id: Field required"),
     ("v2_negative_candidate", "v2", v2_body(1, [4, -9]), "candidates[1]"),
     ("v2_duplicate_candidate", "v2", v2_body(1, [4, 4]), "duplicate"),
+    ("v2_request_ts_int64_max", "v2", {"inputs": [*v2_body(1, [4])["inputs"], {"name": "request_ts", "shape": [1], "datatype": "INT64", "data": [2**63 - 1]}]}, "outside the accepted window"),
+    ("v2_request_ts_1e300", "v2", {"inputs": [*v2_body(1, [4])["inputs"], {"name": "request_ts", "shape": [1], "datatype": "FP64", "data": [1e300]}]}, "outside the accepted window"),
+    ("v2_negative_shape", "v2", {"inputs": [v2_body(1, [4])["inputs"][0], {"name": "candidates", "shape": [-3, -1], "datatype": "INT64", "data": [3]}]}, "negative dimension"),
+    ("v2_empty_shape", "v2", {"inputs": [v2_body(1, [4])["inputs"][0], {"name": "candidates", "shape": [], "datatype": "INT64", "data": [3]}]}, "shape must be a list of 1 or 2"),
+    ("v2_uint8_300", "v2", {"inputs": [v2_body(1, [4])["inputs"][0], {"name": "candidates", "shape": [1], "datatype": "UINT8", "data": [300]}]}, "outside UINT8's range"),
 ]  # fmt: skip
 
 
@@ -119,7 +108,71 @@ def test_malformed_requests_get_a_4xx_naming_the_problem(server, name, protocol,
     else:
         status, reply = post(url, body)
     assert 400 <= status < 500, (status, reply)
-    assert needle in json.dumps(reply), reply
+    assert set(reply) == {"error"} and needle in reply["error"], reply
+
+
+BINARY_HEAD = b'{"inputs": [{"name": "user_id", "shape": [1], "datatype": "INT64", "parameters": {"binary_data_size": 7}}]}'
+# (name, protocol, body, extra headers, Content-Type or None, expected status, substring of the error)
+BY_HEADERS = [
+    ("v1_no_content_type", "v1", json.dumps(OK).encode(), {}, None, 415, "Content-Type: application/json"),
+    ("v1_gzip", "v1", json.dumps(OK).encode(), {"Content-Encoding": "gzip"}, "application/json", 415, "uncompressed"),
+    ("v2_gzip", "v2", json.dumps(v2_body(1, [4])).encode(), {"Content-Encoding": "gzip"}, None, 415, "uncompressed"),
+    ("v2_text_plain", "v2", json.dumps(v2_body(1, [4])).encode(), {}, "text/plain", 415, "not accepted"),
+    ("v2_binary_header_abc", "v2", b"{}", {"Inference-Header-Content-Length": "abc"}, None, 400, "Inference-Header-Content-Length"),
+    ("v2_binary_header_too_long", "v2", b"{}", {"Inference-Header-Content-Length": "99"}, None, 400, "Inference-Header-Content-Length"),
+    ("v2_binary_size_not_multiple", "v2", BINARY_HEAD + b"\x01" * 7, {"Inference-Header-Content-Length": str(len(BINARY_HEAD))}, None, 400, "is not 1 INT64"),
+    ("v2_binary_size_past_end", "v2", BINARY_HEAD + b"\x01" * 3, {"Inference-Header-Content-Length": str(len(BINARY_HEAD))}, None, 400, "binary_data_size"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "protocol", "body", "headers", "ctype", "code", "needle"), BY_HEADERS,
+                         ids=[c[0] for c in BY_HEADERS])  # fmt: skip
+def test_headers_and_encodings_are_handled_or_refused(
+    server, name, protocol, body, headers, ctype, code, needle
+):
+    url = _v2(server) if protocol == "v2" else _v1(server)
+    status, reply = _raw(url, body, ctype, **headers)
+    assert status == code and needle in reply["error"], (status, reply)
+
+
+def test_unload_attack_is_refused_and_ranking_keeps_answering(server):
+    for path in (
+        f"/v2/repository/models/{MODEL}/unload",
+        f"/v2/repository/models/{MODEL}/load",
+        "/v2/repository/index",
+    ):
+        status, reply = _raw(server + path, b"{}")
+        assert status == 404 and "disabled" in reply["error"], (path, status, reply)
+    status, r = post(_v1(server), v1_body(0, [1, 2, 3], CTX))
+    assert status == 200 and not r["fallback"]["degraded"]
+    assert get(f"{server}/v2/models/{MODEL}/ready")[0] == 200
+
+
+def test_client_mistakes_log_one_line_and_leak_nothing(server, server_log):
+    status, reply = post(_v1(server), {"user_id": "x-marker-17", "candidates": [1]})
+    assert status == 400 and "Traceback" not in json.dumps(reply)
+    time.sleep(0.2)
+    lines = [ln for ln in server_log.read_text().splitlines() if "x-marker-17" in ln]
+    assert len(lines) == 1 and "400 POST" in lines[0], lines
+    assert "Traceback" not in server_log.read_text()
+
+
+def test_metadata_lists_the_tensors(server):
+    status, meta = get(f"{server}/v2/models/{MODEL}")
+    assert status == 200
+    inputs = {t["name"]: t for t in meta["inputs"]}
+    assert inputs["candidates"] == {**inputs["candidates"], "datatype": "INT64", "shape": [-1]}
+    assert set(inputs) == {"user_id", "candidates", "surface", "hour", "request_ts"}
+    assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
+        ("ad_ids", "INT64"), ("p_click", "FP32"), ("p_conversion", "FP32")]  # fmt: skip
+
+
+def test_every_response_is_counted_by_status(server):
+    post(_v1(server), {"user_id": -1, "candidates": [1]})
+    with urllib.request.urlopen(f"{server}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert 'gemflow_ranker_http_responses_total{code="400",route="v1_predict"}' in text
+    assert 'gemflow_ranker_http_responses_total{code="200",route="ready"}' in text
 
 
 def test_v1_round_trip(server):
@@ -211,7 +264,12 @@ def test_locked_feature_store_degrades_without_failing(server, world):
             assert r["fallback"]["degraded"] and r["fallback"]["feature_store_unavailable"]
             assert r["fallback"]["reasons"][0].startswith(("feature_store_timeout", "feature_store_busy")), r
             assert took < 5.0
-        assert get(f"{server}/v2/models/{MODEL}/ready")[0] == 503  # readiness tells the truth meanwhile
+        time.sleep(1.1)  # the store's health probe result is reused for 1 s
+        status, ready = get(f"{server}/v2/models/{MODEL}/ready")
+        # this replica can still answer: ready; the store's state is reported, not routed on
+        assert status == 200 and ready["feature_store"]["ok"] is False, ready
+        with urllib.request.urlopen(f"{server}/metrics", timeout=5) as resp:
+            assert "gemflow_ranker_feature_store_up 0.0" in resp.read().decode()
     finally:
         lock.rollback()
         lock.close()
@@ -241,3 +299,23 @@ def test_readiness_reports_model_and_feature_store(server):
         status == 200 and ready["ready"] and ready["feature_store"]["ok"] and ready["ad_table"]["ads"] == 60
     )
     assert get(f"{server}/v1/models/{MODEL}")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "code"),
+    [("POST", f"/v1/models/{MODEL}:explain", 404), ("GET", "/docs", 404), ("GET", "/openapi.json", 404),
+     ("POST", f"/v2/models/{MODEL}/versions/1/infer", 404), ("GET", f"/v2/models/{MODEL}/infer", 405),
+     ("DELETE", f"/v1/models/{MODEL}:predict", 405), ("POST", "/v1/models/other:predict", 404),
+     ("GET", "/v2/models/other/ready", 404), ("GET", "/v2", 200), ("GET", "/v2/models", 200)],
+)  # fmt: skip
+def test_only_the_servers_routes_answer(server, method, path, code):
+    parts = urllib.parse.urlsplit(server)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request(method, path, body=b"{}" if method == "POST" else None)
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == code, (resp.status, body)
+    assert code == 200 or set(body) == {"error"}, body

@@ -42,6 +42,7 @@ DAY_END = dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(), tzinfo=dt.U
 REQUEST_TS = int(DAY_END.timestamp()) + 3600  # one hour after the features were computed
 NUM_USERS, NUM_ADS, NUM_CATEGORIES, NUM_ADVERTISERS = 6, 60, 5, 7
 KNOWN_USERS = (0, 1, 2, 3, 4)
+HEALTHY_USERS = (0, 1, 3)  # an embedding of the current user-model version: the normal (non-degraded) path
 USER_MODEL_VERSION, OLD_USER_MODEL_VERSION = "user-model/3", "user-model/2"
 NUM_USER_TOKENS, USER_TOKEN_DIM = 2, 8
 DENSE_COLUMNS = ["quality", "ad_quality", "impressions_7d", "clicks_7d", "ctr_7d", "cvr_28d"]
@@ -265,15 +266,18 @@ MODEL = "gem-ranker"
 
 
 @contextlib.contextmanager
-def running_server(world: World, port: int, log: Path, *settings: str, ready_timeout: float = 180.0):
-    """A real ``gemflow serve`` process on ``port`` (``settings``: ``key=value`` config overrides), stopped after."""
+def running_server(
+    world: World, port: int, log: Path, *settings: str, ready_timeout: float = 180.0, env: dict | None = None
+):
+    """A real ``gemflow serve`` process on ``port`` (``settings``: ``key=value`` config overrides; ``env``: extra
+    environment, e.g. tokens), stopped after."""
     from serving.client import get
 
     cmd = [sys.executable, "-m", "gemflow.cli", "serve", "--workspace", str(world.ws.root),
-           "--model-uri", str(world.model_path), "--http-port", str(port)]  # fmt: skip
+           "--model-uri", str(world.model_path), "--host", "127.0.0.1", "--http-port", str(port)]  # fmt: skip
     for setting in settings:
         cmd += ["--set", setting]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"

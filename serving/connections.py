@@ -1,0 +1,107 @@
+"""Connection-level limits of the serving process (``ConnectionConfig``), on uvicorn's HTTP protocols.
+
+- header read timeout: a connection whose request head is not complete ``header_timeout_s`` after its first byte
+  (or after it was opened) is closed: a slow-loris client sending a header byte by byte is cut off;
+- header size: more than ``max_header_bytes`` received without a complete head -> 431 and the connection is
+  closed (the parser never buffers more); uvicorn has no such bound of its own with httptools (100 kB of headers
+  were accepted), h11 has it too (``h11_max_incomplete_event_size``);
+- header count: ``serving.gateway`` answers 431 and closes past ``max_headers`` lines (and measures a head that
+  arrived whole in one read);
+- idle timeout: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests;
+- after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body.
+``http_parser`` picks uvicorn's protocol: httptools (C, the faster) or h11 (pure Python); the limits are the same.
+What is answered or cut off here, before any application code, is counted in the same metrics as the gateway's
+answers (route ``connection``; a head that timed out is a shed request, reason ``header_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from serving.config import ConnectionConfig
+from serving.stats import RESPONSES, SHED
+
+
+class HeadLimits:
+    """Mixin over a uvicorn protocol: a deadline and a byte bound on reading each request head."""
+
+    header_timeout_s = 5.0
+    max_header_bytes = 16 * 1024
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self._between_requests()
+        if waiting and self._head_timer is None:
+            self._arm()  # the first byte of the next request on a kept-alive connection starts its clock
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if not self._between_requests():  # the head is complete: a request cycle runs
+            self._disarm()
+            self._head_bytes = 0
+        elif waiting:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_head()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._between_requests() and not self.transport.is_closing():
+            SHED.labels(reason="header_timeout").inc()
+            self.transport.close()
+
+    def _refuse_head(self) -> None:
+        body = orjson.dumps({"error": f"the request head exceeds {self.max_header_bytes} bytes"})
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        RESPONSES.labels(route="connection", code="431").inc()
+        self._disarm()
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:  # the parser's own answer to a malformed request
+        RESPONSES.labels(route="connection", code="400").inc()
+        super().send_400_response(msg)
+
+
+PARSERS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
+
+
+def protocol_class(cfg: ConnectionConfig) -> type:
+    base = PARSERS[cfg.http_parser]
+    attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes}
+    return type(f"Limited{base.__name__}", (HeadLimits, base), attrs)
+
+
+def uvicorn_settings(cfg: ConnectionConfig) -> dict:
+    """The uvicorn.Config attributes that carry these limits."""
+    return {
+        "http": protocol_class(cfg),
+        "h11_max_incomplete_event_size": cfg.max_header_bytes,
+        "timeout_keep_alive": cfg.idle_timeout_s,
+    }

@@ -1,0 +1,324 @@
+"""The ASGI layer in front of KServe's app: every request of the serving process passes here first.
+
+It answers the ranker's own routes itself and hands a few to KServe (server health and metadata, ``/metrics``):
+- ``POST /v1/models/{m}:predict`` and ``POST /v2/models/{m}/infer``: bearer token (``serving.auth``), explicit
+  Content-Type / Content-Encoding rules, admission control (``limits.max_in_flight``; beyond it 503 +
+  ``Retry-After`` at once, before the body is read), the body limit (413, connection closed), strict parsing
+  (``serving.schema`` / ``serving.v2``), the deadline (work cancelled, 503), and the answer's encoding;
+- ``GET /v2/models/{m}/ready`` and ``GET /v1/models/{m}`` (readiness), ``GET /v2/models/{m}`` (Open Inference
+  Protocol metadata), ``GET /v2/models/{m}/stats``;
+- KServe's model-repository extension (``/v2/repository/...``) is answered 404 unless ``admin.repository_api``
+  is on, and then needs the admin token; KServe's routes not listed in ``_OPEN_ROUTES`` are answered 404.
+Every client mistake is a 4xx ``{"error": "..."}`` (both protocols) logged as one line; an unexpected failure is
+a 500 that names no exception (the traceback goes to the log). Every response is counted by route and status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+
+import orjson
+
+from serving import v2
+from serving.auth import Tokens, bearer_ok
+from serving.config import ConnectionConfig, ServingConfig
+from serving.predictor import Cancelled, RankerPredictor
+from serving.schema import RequestError, parse_request
+
+log = logging.getLogger(__name__)
+JSON = (b"content-type", b"application/json")
+NUMPY = orjson.OPT_SERIALIZE_NUMPY
+CLOSE = (b"connection", b"close")
+_MODEL_ROUTES = [  # (method, pattern, route label); the model name is the first group
+    ("POST", re.compile(r"/v1/models/([^/:]+):predict"), "v1_predict"),
+    ("POST", re.compile(r"/v2/models/([^/]+)/infer"), "v2_infer"),
+    ("GET", re.compile(r"/v2/models/([^/]+)/ready"), "ready"),
+    ("GET", re.compile(r"/v1/models/([^/:]+)"), "ready"),
+    ("GET", re.compile(r"/v2/models/([^/]+)/stats"), "stats"),
+    ("GET", re.compile(r"/v2/models/([^/]+)"), "metadata"),
+]
+_VERSIONED = re.compile(r"/v2/models/[^/]+/versions/.*")
+# KServe's own routes that stay reachable (no token: probes, Prometheus, server metadata); anything else is 404
+_OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "live", "/metrics": "metrics",
+                "/v2": "metadata", "/v2/models": "metadata", "/v1/models": "metadata"}  # fmt: skip
+
+
+class Reply:
+    """The response side of one request: what was sent (for the status counter) and how to send it."""
+
+    def __init__(self, send):
+        self.send = send
+        self.status: int | None = None
+
+    async def body(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        head = [(b"content-length", str(len(body)).encode()), *headers]
+        await self.send({"type": "http.response.start", "status": status, "headers": head})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def json(self, status: int, payload: dict, *extra: tuple[bytes, bytes]) -> None:
+        await self.body(status, orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), [JSON, *extra])
+
+
+class Gateway:
+    def __init__(self, app, predictor: RankerPredictor, cfg: ServingConfig, tokens: Tokens):
+        self.app, self.predictor, self.cfg, self.tokens = app, predictor, cfg, tokens
+        self.in_flight = 0  # admitted inference requests not answered yet (one event loop: no lock)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        reply = Reply(send)
+        route = "other"
+        try:
+            route = await self._dispatch(scope, receive, reply)
+        except Exception:
+            # a bug, not a client mistake: the traceback is logged, the client learns nothing of it
+            log.exception("unexpected failure on %s %s", scope["method"], scope["path"][:200])
+            if reply.status is None:
+                await reply.json(500, {"error": "internal server error"})
+            else:
+                reply.status = 500
+        finally:
+            self.predictor.stats.response(route, reply.status or 499)  # 499: the client went away unanswered
+
+    # ------------------------------------------------------------------------------------------- routing
+    async def _dispatch(self, scope, receive, reply: Reply) -> str:
+        method, path = scope["method"], scope["path"]
+        too_many = _header_problem(scope["headers"], self.cfg.connections)
+        if too_many:
+            await self._refuse(reply, scope, 431, too_many, CLOSE)
+            return "other"
+        if path in _OPEN_ROUTES:
+            await self._pass(scope, receive, reply)
+            return _OPEN_ROUTES[path]
+        if path.startswith("/v2/repository"):
+            await self._repository(scope, receive, reply)
+            return "repository"
+        if _VERSIONED.fullmatch(path):
+            await self._refuse(
+                reply, scope, 404, "model versions are not addressable; use /v2/models/{name}/..."
+            )
+            return "other"
+        for want, pattern, route in _MODEL_ROUTES:
+            match = pattern.fullmatch(path)
+            if match is None:
+                continue
+            if method != want:
+                await self._refuse(reply, scope, 405, f"{path} takes {want}", (b"allow", want.encode()))
+            elif match.group(1) != self.predictor.name:
+                await self._refuse(reply, scope, 404, f"model {match.group(1)[:80]!r} is not served here")
+            else:
+                await self._model_route(route, scope, receive, reply)
+            return route
+        # default deny: KServe's other routes (explain, versioned paths, docs) are not part of this server
+        await self._refuse(reply, scope, 404, f"no route {method} {path[:100]}")
+        return "other"
+
+    async def _model_route(self, route: str, scope, receive, reply: Reply) -> None:
+        if route == "ready":  # probes carry no token
+            ok, detail = await self.predictor.readiness()
+            return await reply.json(200 if ok else 503, detail)
+        headers = dict(scope["headers"])
+        if not bearer_ok(headers, self.tokens.inference):
+            return await self._refuse(reply, scope, 401, "a valid bearer token is required",
+                                      (b"www-authenticate", b"Bearer"))  # fmt: skip
+        if route == "metadata":
+            return await reply.json(200, v2.metadata(self.predictor.name, self.predictor.served.version))
+        if route == "stats":
+            _, detail = await self.predictor.readiness()
+            p = self.predictor
+            # the protocol's statistics extension shape, then ours
+            protocol = p.stats.model_stats(p.name, p.served.version)
+            ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot()}
+            return await reply.json(200, {**protocol, **detail, **ours})
+        if not self.predictor.ready:  # unloaded through the (token-guarded) repository extension
+            return await reply.json(503, {"error": f"model {self.predictor.name!r} is not loaded"})
+        await self._infer(route == "v2_infer", scope, headers, receive, reply)
+
+    async def _repository(self, scope, receive, reply: Reply) -> None:
+        if self.tokens.admin is None:
+            return await self._refuse(reply, scope, 404, "the model-repository extension is disabled")
+        if not bearer_ok(dict(scope["headers"]), self.tokens.admin):
+            return await self._refuse(reply, scope, 401, "the admin bearer token is required",
+                                      (b"www-authenticate", b"Bearer"))  # fmt: skip
+        await self._pass(scope, receive, reply)
+
+    async def _pass(self, scope, receive, reply: Reply) -> None:
+        """KServe's own handling; a 500 from it is answered without its exception text."""
+        replaced = False
+
+        async def guarded(message):
+            nonlocal replaced
+            if replaced:
+                return
+            if message["type"] == "http.response.start" and message["status"] == 500:
+                replaced = True
+                return await reply.json(500, {"error": "internal server error"})
+            if message["type"] == "http.response.start":
+                reply.status = message["status"]
+            await reply.send(message)
+
+        await self.app(scope, receive, guarded)
+
+    async def _refuse(self, reply: Reply, scope, status: int, message: str, *headers) -> None:
+        """A client mistake: one log line, the protocol's error shape."""
+        log.info("%d %s %s: %s", status, scope["method"], scope["path"][:200], message[:300])
+        await reply.json(status, {"error": message}, *headers)
+
+    # ------------------------------------------------------------------------------------------- inference
+    async def _infer(self, is_v2: bool, scope, headers: dict, receive, reply: Reply) -> None:
+        problem = _content_problem(is_v2, headers)
+        if problem:
+            return await self._refuse(reply, scope, 415, problem)
+        lim = self.cfg.limits
+        if self.in_flight >= lim.max_in_flight:  # shed before reading or parsing anything
+            self.predictor.stats.shed_one("in_flight_limit")
+            return await reply.json(503, {"error": f"overloaded: {lim.max_in_flight} requests in flight"},
+                                    (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
+        self.in_flight += 1
+        try:
+            await self._admitted(is_v2, scope, headers, receive, reply)
+        finally:
+            self.in_flight -= 1
+
+    async def _admitted(self, is_v2: bool, scope, headers: dict, receive, reply: Reply) -> None:
+        lim = self.cfg.limits
+        deadline = time.monotonic() + lim.request_timeout_ms / 1e3
+        try:  # a client trickling its body holds an admission slot: the deadline covers the read too
+            raw = await asyncio.wait_for(
+                self._read_body(scope, headers, receive, reply), lim.request_timeout_ms / 1e3
+            )
+        except TimeoutError:
+            if reply.status is not None:  # the read had already answered (413) when the deadline hit
+                return
+            return await self._refuse(
+                reply, scope, 408, "the body did not arrive within the request deadline", CLOSE
+            )
+        if raw is None:
+            return
+        now, t_parse = time.time(), time.perf_counter()
+        bounds = (now - 86400 * lim.request_ts_max_age_days, now + lim.request_ts_max_ahead_s)
+        try:
+            if is_v2:
+                v2req = v2.decode(
+                    raw, v2.header_length(headers.get(b"inference-header-content-length"), len(raw))
+                )
+                body = v2req.body
+            else:
+                body = _json(raw)
+            req = parse_request(body, lim.max_candidates, bounds)
+        except RequestError as err:
+            self.predictor.stats.request("rejected")
+            return await self._refuse(reply, scope, 400, str(err))
+        parse_ms = 1e3 * (time.perf_counter() - t_parse)
+        try:
+            result = await asyncio.wait_for(self.predictor.answer(req, deadline), deadline - time.monotonic())
+        except (TimeoutError, Cancelled):
+            self.predictor.stats.shed_one("deadline")
+            log.info(
+                "503 %s: deadline of %.0f ms passed, work cancelled",
+                scope["path"][:200],
+                lim.request_timeout_ms,
+            )
+            return await reply.json(503, {"error": f"the request did not finish within {lim.request_timeout_ms:.0f} ms"},
+                                    (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
+        t_encode = time.perf_counter()
+        if is_v2:
+            arrays = {k: result[k] for k in v2.OUTPUTS}
+            body, extra = v2.encode(v2req, self.predictor.name, result["model_version"], result["request_id"], arrays,
+                                    _v2_parameters(result))  # fmt: skip
+        else:
+            body, extra = (
+                orjson.dumps({"predictions": [result]} if req.wrapped else result, option=NUMPY),
+                [JSON],
+            )
+        encode_ms = 1e3 * (time.perf_counter() - t_encode)
+        await reply.body(200, body, extra)
+        timing = result["timing_ms"]
+        queue_ms = timing["total"] - timing["features"] - timing["build"] - timing["score"]
+        self.predictor.stats.phases(parse=parse_ms, features=timing["features"], queue=queue_ms, build=timing["build"],
+                                    score=timing["score"], encode=encode_ms, total=parse_ms + timing["total"] + encode_ms)  # fmt: skip
+        self.predictor.count(result)
+
+    async def _read_body(self, scope, headers: dict, receive, reply: Reply) -> bytes | None:
+        """The whole body within ``limits.max_body_bytes``; None when already answered (413/400) or gone."""
+        limit = self.cfg.limits.max_body_bytes
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await self._refuse(reply, scope, 400, f"invalid Content-Length {declared[:20].decode('latin-1')!r}",
+                                   CLOSE)  # fmt: skip
+                return None
+            if int(declared) > limit:
+                await self._refuse(
+                    reply, scope, 413, f"request body exceeds the limit of {limit} bytes", CLOSE
+                )
+                return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # a chunked body: stop reading, answer, close the connection
+                await self._refuse(
+                    reply, scope, 413, f"request body exceeds the limit of {limit} bytes", CLOSE
+                )
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _header_problem(headers: list, con: ConnectionConfig) -> str | None:
+    """h11 bounds a head that arrives in pieces; one that arrives whole is bounded here (431, then closed)."""
+    if len(headers) > con.max_headers:
+        return f"more than {con.max_headers} header lines"
+    if sum(len(k) + len(v) + 4 for k, v in headers) > con.max_header_bytes:
+        return f"the headers exceed {con.max_header_bytes} bytes"
+    return None
+
+
+def _json(raw: bytes):
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise RequestError(f"the body is not valid JSON: {err}") from None
+
+
+def _content_problem(is_v2: bool, headers: dict) -> str | None:
+    """Content-Encoding must be identity; V1 bodies are JSON; V2 bodies are JSON, or the binary extension when
+    ``Inference-Header-Content-Length`` is set. A V2 body without Content-Type is JSON (tritonclient sends none)."""
+    encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+    if encoding not in (b"", b"identity"):
+        return f"Content-Encoding {encoding[:30].decode('latin-1')!r} is not supported: send the body uncompressed"
+    ctype = headers.get(b"content-type")
+    mime = None if ctype is None else ctype.split(b";", 1)[0].strip().lower()
+    if not is_v2:
+        if mime != b"application/json":
+            return "the body must be JSON with Content-Type: application/json"
+        return None
+    allowed = (None, b"application/json")
+    if b"inference-header-content-length" in headers:
+        allowed = (None, b"application/json", b"application/octet-stream")
+    if mime not in allowed:
+        return f"Content-Type {ctype[:60].decode('latin-1')!r} is not accepted: JSON, or the binary extension"
+    return None
+
+
+def _v2_parameters(r: dict) -> dict:
+    fb = r["fallback"]
+    return {
+        "user_id": r["user_id"],
+        "model_version": r["model_version"],
+        "expected_user_model_version": r["expected_user_model_version"] or "",
+        "embedding_version": r["embedding_version"] or "",
+        "ad_table_as_of": r["ad_table_as_of"] or "",
+        **{f"fallback.{k}": (",".join(v) if isinstance(v, list) else v) for k, v in fb.items()},
+        **{f"timing_ms.{k}": v for k, v in r["timing_ms"].items()},
+    }
