@@ -99,7 +99,11 @@ def register(app: typer.Typer) -> None:
                 version.name,
                 version.version,
                 evaluator(data),
-                GateConfig(min_gain, calibration_low, calibration_high),
+                GateConfig(
+                    min_relative_ne_gain=min_gain,
+                    calibration_low=calibration_low,
+                    calibration_high=calibration_high,
+                ),
             )
         except (ValueError, FileNotFoundError, TrainingSetError, MlflowException) as err:
             raise _fail(err) from err

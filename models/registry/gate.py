@@ -23,10 +23,10 @@ Evaluate = Callable[
 @dataclass
 class GateConfig:
     min_relative_ne_gain: float = 0.002  # challenger NE <= champion NE * (1 - gain)
-    # next-item models (positive-only logs, no NE): challenger NDCG@10 >= champion NDCG@10 * (1 + gain)
-    min_relative_ndcg_gain: float = 0.002
     calibration_low: float = 0.8  # mean prediction / observed rate
     calibration_high: float = 1.25
+    # next-item models (positive-only logs, no NE): challenger NDCG@10 >= champion NDCG@10 * (1 + gain)
+    min_relative_ndcg_gain: float = 0.002
 
 
 @dataclass
