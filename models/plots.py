@@ -13,17 +13,21 @@ import numpy as np  # noqa: E402
 
 def learning_curve_plot(history: list[dict[str, float]], path: Path) -> Path:
     """Validation NE (click, conversion) and train loss per epoch; epoch 0 is the untrained model."""
+    curves = {"valid_ne": "valid NE (click)", "valid_conversion_ne": "valid NE (conversion)"}
+    return _epoch_curves(history, curves, "normalized entropy", "learning curve", "upper right", path)
+
+
+def _epoch_curves(history, curves: dict[str, str], ylabel: str, title: str, legend: str, path: Path) -> Path:
+    """One line per metric key of ``curves`` over the epochs of ``history``, the train loss on a second axis."""
     epochs = [h["epoch"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(epochs, [h.get("valid_ne", np.nan) for h in history], "o-", label="valid NE (click)")
-    ax.plot(
-        epochs, [h.get("valid_conversion_ne", np.nan) for h in history], "s--", label="valid NE (conversion)"
-    )
+    for (key, label), style in zip(curves.items(), ("o-", "s--"), strict=False):
+        ax.plot(epochs, [h.get(key, np.nan) for h in history], style, label=label)
     _train_loss_axis(ax, history)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("normalized entropy")
-    ax.legend(loc="upper right")
-    ax.set_title("learning curve")
+    ax.set_ylabel(ylabel)
+    ax.legend(loc=legend)
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -61,17 +65,7 @@ def calibration_plot(labels: np.ndarray, preds: np.ndarray, path: Path, bins: in
 def ranking_curve_plot(history: list[dict[str, float]], metric: str, path: Path) -> Path:
     """The selection metric (e.g. valid NDCG@10, sampled lists) and its full-ranking twin per epoch, with the
     train loss; epoch 0 is the untrained model."""
-    epochs = [h["epoch"] for h in history]
     full = metric.replace("valid_", "valid_full_", 1)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(epochs, [h.get(metric, np.nan) for h in history], "o-", label=f"{metric} (99 sampled)")
-    ax.plot(epochs, [h.get(full, np.nan) for h in history], "s--", label=f"{metric} (all items)")
-    _train_loss_axis(ax, history)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(metric.removeprefix("valid_"))
-    ax.legend(loc="lower right")
-    ax.set_title("learning curve (leave-one-out, valid)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    curves = {metric: f"{metric} (99 sampled)", full: f"{metric} (all items)"}
+    title = "learning curve (leave-one-out, valid)"
+    return _epoch_curves(history, curves, metric.removeprefix("valid_"), title, "lower right", path)
