@@ -83,6 +83,9 @@ class SASRecConfig:
     max_len: int = 50
 
 
+NEXT_ITEM_LOSSES = ("auto", "full", "sampled", "bce")
+
+
 @dataclass
 class NextItemConfig:
     """The next-item task (positive-only logs, leave-one-out): its loss and how it is judged."""
@@ -162,8 +165,8 @@ def validate(cfg: TrainRunConfig) -> None:
     """Reject combinations that would train something meaningless, with a message naming the key."""
     if cfg.model not in ("user", "ranker", "sasrec"):
         raise ValueError(f"model must be 'user', 'ranker' or 'sasrec', got {cfg.model!r}")
-    if cfg.next_item.loss not in ("auto", "full", "sampled", "bce"):
-        raise ValueError(f"next_item.loss must be auto, full, sampled or bce, got {cfg.next_item.loss!r}")
+    if cfg.next_item.loss not in NEXT_ITEM_LOSSES:
+        raise ValueError(f"next_item.loss must be one of {NEXT_ITEM_LOSSES}, got {cfg.next_item.loss!r}")
     metric = cfg.next_item.select_metric
     if metric not in ("mrr", "hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10"):
         raise ValueError(

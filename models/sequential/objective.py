@@ -12,15 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.config import NextItemConfig
+from models.config import NEXT_ITEM_LOSSES, NextItemConfig
 from models.sequential.data import TrainPairs
-
-LOSSES = ("auto", "full", "sampled", "bce")
 
 
 def resolve_loss(cfg: NextItemConfig, num_items: int) -> str:
-    if cfg.loss not in LOSSES:
-        raise ValueError(f"next_item.loss must be one of {LOSSES}, got {cfg.loss!r}")
+    if cfg.loss not in NEXT_ITEM_LOSSES:
+        raise ValueError(f"next_item.loss must be one of {NEXT_ITEM_LOSSES}, got {cfg.loss!r}")
     if cfg.loss != "auto":
         return cfg.loss
     return "full" if num_items <= cfg.full_softmax_max_items else "sampled"
