@@ -105,7 +105,9 @@ class OptimConfig:
     epochs: int = 5
     batch_size: int = 256
     eval_batch_size: int = 1024
-    lr: float = 2e-3  # dense parameters, AdamW
+    # Dense parameters, AdamW. The scaling lab's width rule (docs/scaling.md): 2e-3 x 32 / d_model, i.e. 1e-3
+    # at the default d_model 64 (halving or doubling it trained worse); scale it with the width you choose.
+    lr: float = 1e-3
     weight_decay: float = 1e-4
     sparse_lr: float = 0.02  # embedding rows, fused row-wise Adagrad applied in backward
     grad_clip: float = 1.0

@@ -141,9 +141,12 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
 
 
 def resolve_objective(cfg: TrainRunConfig, path: Path) -> str:
-    """The user model's objective: as configured, or for "auto" next_item on a set split leave-one-out."""
+    """The user model's objective: as configured, or for "auto" next_item on a set split leave-one-out (by
+    build-training-set, or re-split here by ``split_mode: leave_one_out``)."""
     if cfg.user_model.objective != "auto":
         return cfg.user_model.objective
+    if cfg.split_mode == "leave_one_out":
+        return "next_item"
     manifest = path / "manifest.json"
     split = json.loads(manifest.read_text()).get("split", "time") if manifest.exists() else "time"
     return "next_item" if split == "leave-one-out" else "click"
