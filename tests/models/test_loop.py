@@ -63,6 +63,22 @@ def test_keeps_the_best_evaluation_and_stops_when_patience_runs_out():
     assert [c.step for c in s.saved] == [12]  # only where the run ends (a rerun then finishes at once)
 
 
+def test_every_rank_acts_on_rank_0s_evaluation():
+    class OtherRank(Scripted):
+        """Its own scores keep improving; rank 0's (the scripted ones) reach it through ``agree``."""
+
+        def evaluate(self, state):
+            self.rank0 = super().evaluate(state)
+            return {"step": state.step, "valid_ne": -float(state.step)}
+
+        def agree(self, value):
+            return self.rank0
+
+    s = OtherRank([1.0, 0.8, 0.7, 0.75, 0.72, 0.6, 0.5])
+    state = run_loop(s, cfg(), LoopState())
+    assert (state.best_step, state.step) == (6, 12) and s.kept == [0, 3, 6]  # as on rank 0
+
+
 def test_higher_is_better_and_a_run_without_improvement_keeps_the_untrained_model():
     s = Scripted([0.1, 0.3, 0.2, 0.2])
     state = run_loop(s, cfg(higher_is_better=True, select="valid_ne"), LoopState())
