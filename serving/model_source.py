@@ -61,8 +61,10 @@ def _from_mlflow(uri: str, tracking_uri: str) -> ServedModel:
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from models.mlflow_store import activate
+
     if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
+        activate(tracking_uri)
     try:
         pyfunc = mlflow.pyfunc.load_model(uri)
     except MlflowException as err:

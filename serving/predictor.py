@@ -146,7 +146,9 @@ class RankerPredictor(Model):
         super().stop()
 
     def _tracking_uri(self) -> str:
-        return self.cfg.tracking_uri or f"sqlite:///{self.ws.mlflow / 'mlflow.db'}"
+        from models.mlflow_store import resolve
+
+        return resolve(self.ws, self.cfg.tracking_uri).tracking_uri  # a moved workspace's store is re-pointed
 
     @property
     def expected_user_model_version(self) -> str:

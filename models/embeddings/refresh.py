@@ -134,16 +134,16 @@ def _checked(champion: Champion) -> Champion:
 
 
 def mlflow_client(tracking_uri: str = "", ws: Workspace | None = None):
+    """A client of the workspace's store (``models.mlflow_store``); without a workspace, of ``tracking_uri`` or
+    whatever this process already uses."""
     import mlflow
 
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    elif not os.environ.get("MLFLOW_TRACKING_URI") and ws is not None:
-        from models.config import TrackingConfig
-        from models.tracking import tracking_uri as default_uri
+    from models import mlflow_store
 
-        mlflow.set_tracking_uri(default_uri(TrackingConfig(), ws))
+    if ws is not None:
+        mlflow_store.use(ws, tracking_uri)
+    elif tracking_uri:
+        mlflow_store.activate(tracking_uri)
     return mlflow.MlflowClient()
 
 
