@@ -10,11 +10,11 @@ which a resolver would fetch next to the CPU build ``fbgemm-gpu-cpu`` that provi
 from __future__ import annotations
 
 import importlib
-import re
 from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as _key
 
 PACKAGES = ("models", "gemflow", "features")
 # the distributions the loader imports (mlflow-skinny: pyfunc loading needs no tracking server or UI)
@@ -25,10 +25,6 @@ SUBSTITUTES = {"fbgemm-gpu": "fbgemm-gpu-cpu"}  # a declared dependency -> the i
 
 def code_paths() -> list[str]:
     return [str(Path(importlib.import_module(p).__file__).parent) for p in PACKAGES]
-
-
-def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pip_requirements(roots: tuple[str, ...] = DISTRIBUTIONS) -> list[str]:
@@ -43,12 +39,12 @@ def pip_requirements(roots: tuple[str, ...] = DISTRIBUTIONS) -> list[str]:
         if key in pinned or not _installed(key):  # declared but absent: the model runs here without it
             continue
         dist = metadata.distribution(key)
-        pinned[key] = f"{dist.metadata['Name']}=={dist.version}"
+        pinned[key] = f"{key}=={dist.version}"
         for spec in dist.requires or []:
             req = Requirement(spec)
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(_key(SUBSTITUTES.get(_key(req.name), req.name)))
-    return sorted(pinned.values(), key=str.lower)
+    return sorted(pinned.values())
 
 
 def _installed(name: str) -> bool:
