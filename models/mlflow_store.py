@@ -148,3 +148,15 @@ def use(ws: Workspace, tracking_uri: str = "") -> Store:
     store = resolve(ws, tracking_uri)
     activate(store.tracking_uri)
     return store
+
+
+def connect(ws: Workspace | None, tracking_uri: str = ""):
+    """Point this process at ``ws``'s store (``tracking_uri`` if given) and return a client; without a workspace,
+    at ``tracking_uri`` or whatever this process already uses."""
+    import mlflow
+
+    if ws is not None:
+        use(ws, tracking_uri)
+    elif tracking_uri:
+        activate(tracking_uri)
+    return mlflow.MlflowClient()

@@ -101,7 +101,7 @@ class RankerPredictor(Model):
             sc.workers, "score", initializer=runtime.worker_init, initargs=(sc.torch_threads,)
         )
         if self.served is None:
-            self.served = load_served_model(self.cfg.model_uri, self._tracking_uri())
+            self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
         if self.store is None:
             from features.store import open_store
 
@@ -144,11 +144,6 @@ class RankerPredictor(Model):
         if self._scoring:
             self._scoring.shutdown(wait=False, cancel_futures=True)
         super().stop()
-
-    def _tracking_uri(self) -> str:
-        from models.mlflow_store import resolve
-
-        return resolve(self.ws, self.cfg.tracking_uri).tracking_uri  # a moved workspace's store is re-pointed
 
     @property
     def expected_user_model_version(self) -> str:

@@ -134,17 +134,9 @@ def _checked(champion: Champion) -> Champion:
 
 
 def mlflow_client(tracking_uri: str = "", ws: Workspace | None = None):
-    """A client of the workspace's store (``models.mlflow_store``); without a workspace, of ``tracking_uri`` or
-    whatever this process already uses."""
-    import mlflow
+    from models.mlflow_store import connect
 
-    from models import mlflow_store
-
-    if ws is not None:
-        mlflow_store.use(ws, tracking_uri)
-    elif tracking_uri:
-        mlflow_store.activate(tracking_uri)
-    return mlflow.MlflowClient()
+    return connect(ws, tracking_uri)
 
 
 # ----------------------------------------------------------------------------------------------- histories

@@ -139,7 +139,7 @@ def test_moved_workspace_serves_its_champion(registered, tmp_path):
     shutil.copytree(first.root, moved.root)
     shutil.rmtree(first.root)  # ... then moved on: nothing is left at the first place
 
-    served = load_served_model(f"models:/{NAME}@champion", mlflow_store.resolve(moved).tracking_uri)
+    served = load_served_model(f"models:/{NAME}@champion", ws=moved)  # as the model server loads it
     assert served.version == f"{NAME}/1"
     data = TrainingSet(moved.training("fx"))
     example = to_frame(data, data.split_rows("test")[:5], served.cfg.recent_events)
