@@ -126,7 +126,8 @@ class OptimConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
-    tracking_uri: str = ""  # "" = sqlite:///<ws.mlflow>/mlflow.db with artifacts under <ws.mlflow>/artifacts
+    # "" = $MLFLOW_TRACKING_URI, else sqlite:///<ws.mlflow>/mlflow.db with artifacts under <ws.mlflow>/artifacts
+    tracking_uri: str = ""
     experiment: str = "gemflow"
     run_name: str = ""
 

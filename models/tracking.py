@@ -1,25 +1,54 @@
 """MLflow tracking of a training run: config, per-step loss, per-epoch metrics, plots as artifacts.
 
-Default backend: ``sqlite:///<ws.mlflow>/mlflow.db`` with artifacts under ``<ws.mlflow>/artifacts``; set
-``tracking.tracking_uri`` to use a server instead. A resumed run continues the same MLflow run.
+The store is the workspace's (``models.mlflow_store``): ``sqlite:///<ws.mlflow>/mlflow.db`` with artifacts under
+``<ws.mlflow>/artifacts``, or ``tracking.tracking_uri`` / ``$MLFLOW_TRACKING_URI`` for a server. A resumed run
+continues the same MLflow run. The run folder records the run's id (``mlflow_run.json``) so that registration
+logs the model into this very run (``models.registry``): the registered version's source run is the training run.
 """
 
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 from typing import Any
 
 from gemflow.config import to_dict
 from gemflow.workspace import Workspace
+from models import mlflow_store
 from models.config import TrackingConfig
+
+RUN_RECORD = "mlflow_run.json"
+RUN_DIR_TAG = "gemflow.run_dir"  # the run folder, relative to the workspace root when inside it
+
+
+class RunRecordError(ValueError):
+    pass
 
 
 def tracking_uri(cfg: TrackingConfig, ws: Workspace) -> str:
-    if cfg.tracking_uri:
-        return cfg.tracking_uri
-    ws.mlflow.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{ws.mlflow / 'mlflow.db'}"
+    return mlflow_store.resolve(ws, cfg.tracking_uri).tracking_uri
+
+
+def recorded_run_id(run_dir: Path) -> str:
+    """The MLflow run a run folder was trained in (written by ``Tracker.record``)."""
+    path = run_dir / RUN_RECORD
+    if not path.exists():
+        raise RunRecordError(
+            f"{run_dir} records no MLflow run ({RUN_RECORD} is missing): it was trained with tracking off "
+            "or by an older version; retrain it with tracking on to register it"
+        )
+    try:
+        return str(json.loads(path.read_text())["run_id"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise RunRecordError(f"{path} is not a run record ({{'run_id': ...}}): {err}") from err
+
+
+def run_dir_of(run, ws: Workspace) -> Path:
+    """The run folder an MLflow training run recorded (its ``gemflow.run_dir`` tag), in the workspace ``ws``."""
+    value = run.data.tags.get(RUN_DIR_TAG)
+    if not value:
+        raise RunRecordError(f"MLflow run {run.info.run_id} names no run folder (tag {RUN_DIR_TAG})")
+    return ws.root / value if not Path(value).is_absolute() else Path(value)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -41,22 +70,26 @@ class Tracker:
         self.run_id: str | None = None
         if not self.enabled:
             return
-        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         import mlflow
 
-        self.mlflow = mlflow
-        mlflow.set_tracking_uri(tracking_uri(cfg, ws))
-        experiment = mlflow.get_experiment_by_name(cfg.experiment)
-        if experiment is None:
-            artifacts = (ws.mlflow / "artifacts").resolve()
-            location = artifacts.as_uri() if not cfg.tracking_uri else None
-            experiment_id = mlflow.create_experiment(cfg.experiment, artifact_location=location)
-        else:
-            experiment_id = experiment.experiment_id
+        self.mlflow, self.ws = mlflow, ws
+        store = mlflow_store.use(ws, cfg.tracking_uri)
+        experiment_id = mlflow_store.experiment_id(mlflow.MlflowClient(), cfg.experiment, store)
         run = mlflow.start_run(
             run_id=run_id, experiment_id=None if run_id else experiment_id, run_name=run_name
         )
         self.run_id = run.info.run_id
+
+    def record(self, run_dir: Path) -> None:
+        """Write the run's id into ``run_dir`` and tag the run with the folder (both ways for registration)."""
+        if not self.enabled:
+            (Path(run_dir) / RUN_RECORD).unlink(missing_ok=True)  # an earlier tracked run's id would be a lie
+            return
+        run_dir = Path(run_dir).resolve()
+        root = self.ws.root.resolve()
+        where = run_dir.relative_to(root) if run_dir.is_relative_to(root) else run_dir
+        self.mlflow.set_tag(RUN_DIR_TAG, str(where))
+        (run_dir / RUN_RECORD).write_text(json.dumps({"run_id": self.run_id}, indent=2) + "\n")
 
     def log_config(self, cfg: Any) -> None:
         if self.enabled:

@@ -440,6 +440,7 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
     tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state.run_id)
     strategy.tracker = tracker
     state.run_id = tracker.run_id
+    tracker.record(run_dir)  # the run id registration resumes (models.registry)
     task.bundle.version = tracker.run_id or run_dir.name
     tracker.log_config(cfg)
     tracker.log_params({"train_examples": task.num_train, "selection_metric": task.select,

@@ -95,7 +95,7 @@ class ClusterConfig:
 class ServingConfig:
     model_name: str = MODEL_NAME
     model_uri: str = f"models:/{MODEL_NAME}@champion"
-    tracking_uri: str = ""  # "" = sqlite:///<ws.mlflow>/mlflow.db, the embedded default
+    tracking_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else the workspace's store (models.mlflow_store)
     # The user-model version the cached embeddings must come from; "" = the one the ranker was trained against.
     expected_user_model_version: str = ""
     host: str = "127.0.0.1"  # loopback by default; the chart binds 0.0.0.0 inside the pod

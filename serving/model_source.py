@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemflow.workspace import Workspace
 from models.data import DenseSpec
 from models.ranker import Ranker
 
@@ -33,10 +34,11 @@ class ModelLoadError(RuntimeError):
     pass
 
 
-def load_served_model(uri: str, tracking_uri: str = "") -> ServedModel:
+def load_served_model(uri: str, tracking_uri: str = "", ws: Workspace | None = None) -> ServedModel:
+    """A registry URI is read from ``ws``'s store (``tracking_uri`` if given; ``models.mlflow_store``)."""
     os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
     if uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
-        served = _from_mlflow(uri, tracking_uri)
+        served = _from_mlflow(uri, tracking_uri, ws)
     else:
         served = _from_bundle(uri)
     if not isinstance(served.ranker, Ranker):
@@ -57,12 +59,13 @@ def _from_bundle(path: str) -> ServedModel:
     return ServedModel(bundle.model, bundle.dense, bundle.version, bundle.user_model_version or "", path)
 
 
-def _from_mlflow(uri: str, tracking_uri: str) -> ServedModel:
+def _from_mlflow(uri: str, tracking_uri: str, ws: Workspace | None) -> ServedModel:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
+    from models.mlflow_store import connect
+
+    connect(ws, tracking_uri)
     try:
         pyfunc = mlflow.pyfunc.load_model(uri)
     except MlflowException as err:

@@ -101,7 +101,7 @@ class RankerPredictor(Model):
             sc.workers, "score", initializer=runtime.worker_init, initargs=(sc.torch_threads,)
         )
         if self.served is None:
-            self.served = load_served_model(self.cfg.model_uri, self._tracking_uri())
+            self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
         if self.store is None:
             from features.store import open_store
 
@@ -144,9 +144,6 @@ class RankerPredictor(Model):
         if self._scoring:
             self._scoring.shutdown(wait=False, cancel_futures=True)
         super().stop()
-
-    def _tracking_uri(self) -> str:
-        return self.cfg.tracking_uri or f"sqlite:///{self.ws.mlflow / 'mlflow.db'}"
 
     @property
     def expected_user_model_version(self) -> str:

@@ -53,6 +53,25 @@ def _run_training_set(run: Path) -> str:
     return str((yaml.safe_load(cfg.read_text()) or {}).get("training_set") or "default")
 
 
+def _run_folder(client, ws, kind: str, run_dir: str, run_id: str) -> Path:
+    """The run folder to register: named, found from its MLflow run id, or the newest of ``kind``."""
+    from mlflow.exceptions import MlflowException
+
+    from models.tracking import recorded_run_id, run_dir_of
+
+    if not run_id:
+        return Path(run_dir) if run_dir else latest_run(ws, kind)
+    try:
+        folder = run_dir_of(client.get_run(run_id), ws)
+    except MlflowException as err:
+        raise LookupError(f"no MLflow run {run_id} in {client.tracking_uri}") from err
+    if run_dir and Path(run_dir).resolve() != folder.resolve():
+        raise ValueError(f"--run-id {run_id} trained {folder}, not --run-dir {run_dir}")
+    if recorded_run_id(folder) != run_id:
+        raise ValueError(f"{folder} records another MLflow run than {run_id}")
+    return folder
+
+
 def register(app: typer.Typer) -> None:
     @app.command("register-run")
     def register_run_cmd(
@@ -69,7 +88,14 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option("--run-dir", help="A run folder; default: the newest under <ws>/models/<kind>/."),
         ] = "",
-        tracking_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = "",
+        run_id: Annotated[
+            str,
+            typer.Option("--run-id", help="The MLflow training run to register (instead of --run-dir)."),
+        ] = "",
+        tracking_uri: Annotated[
+            str,
+            typer.Option(help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the workspace's)."),
+        ] = "",
         min_gain: Annotated[
             float, typer.Option(help="Relative NE gain needed to replace the champion.")
         ] = 0.002,
@@ -77,7 +103,8 @@ def register(app: typer.Typer) -> None:
         calibration_high: Annotated[float, typer.Option(help="Highest acceptable calibration.")] = 1.25,
         ws: WorkspaceOpt = None,
     ) -> None:
-        """Register a run as @challenger and gate it; exit 4 when the champion did not change."""
+        """Register a training run (in its own MLflow run) as @challenger and gate it; exit 4 when the champion
+        did not change."""
         from mlflow.exceptions import MlflowException
 
         from models.data import TrainingSetError
@@ -90,10 +117,10 @@ def register(app: typer.Typer) -> None:
         if kind not in ("user", "ranker"):
             raise _fail(ValueError(f"--kind must be user or ranker, got {kind!r}"))
         try:
-            run = Path(run_dir) if run_dir else latest_run(w, kind)
+            client = mlflow_client(tracking_uri, w)
+            run = _run_folder(client, w, kind, run_dir, run_id)
             training_set = training_set or _run_training_set(run)
             data = Path(training_set) if Path(training_set).is_dir() else w.training(training_set)
-            mlflow_client(tracking_uri, w)
             version = register_bundle(run, data)
             decision = run_gate(
                 version.name,
@@ -105,7 +132,7 @@ def register(app: typer.Typer) -> None:
                     calibration_high=calibration_high,
                 ),
             )
-        except (ValueError, FileNotFoundError, TrainingSetError, MlflowException) as err:
+        except (ValueError, LookupError, FileNotFoundError, TrainingSetError, MlflowException) as err:
             raise _fail(err) from err
         verdict = "PROMOTED to @champion" if decision.promoted else "stays @challenger"
         typer.echo(f"{version.name} v{version.version} from {run}: {verdict}: {decision.reason}")

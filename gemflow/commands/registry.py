@@ -10,12 +10,9 @@ from gemflow.commands.common import WorkspaceOpt, workspace
 
 
 def _use_tracking(ws, tracking_uri: str) -> None:
-    import mlflow
+    from models import mlflow_store
 
-    from models.config import TrackingConfig
-    from models.tracking import tracking_uri as default_uri
-
-    mlflow.set_tracking_uri(tracking_uri or default_uri(TrackingConfig(), ws))
+    mlflow_store.use(ws, tracking_uri)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,9 +23,12 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option(help="HTTP port.")] = 5000,
     ) -> None:
         """Start a real MLflow tracking server (SQLite backend, local artifacts) and print the UI address."""
+        from models.mlflow_store import open_embedded
         from models.registry.server import start_server
 
-        root = workspace(ws).mlflow
+        w = workspace(ws)
+        open_embedded(w)  # created with the workspace's artifact root, or re-pointed after a move
+        root = w.mlflow
         proc = start_server(root, host, port)
         typer.echo(f"MLflow UI: http://{host}:{port}  (backend {root / 'mlflow.db'}; Ctrl-C stops it)")
         typer.echo(f"Point stages at it with: export MLFLOW_TRACKING_URI=http://{host}:{port}")

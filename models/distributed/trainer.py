@@ -357,6 +357,7 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
     tracker = _tracker(cfg, ws, state) if rank0 else None
     if tracker is not None:
         state.run_id = tracker.run_id
+        tracker.record(run_dir)  # the run id registration resumes (models.registry)
         tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "fp8_gemm": p.fp8_gemm or "none", "moe_layers": len(moe_layers(p.tower)),
                             "steps": sum(map(len, plan.values())), "train_examples": len(p.setup.train_rows)})  # fmt: skip
     strategy = DeepSpeedStrategy(p, plan, store, tracker)

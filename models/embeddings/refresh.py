@@ -134,17 +134,9 @@ def _checked(champion: Champion) -> Champion:
 
 
 def mlflow_client(tracking_uri: str = "", ws: Workspace | None = None):
-    import mlflow
+    from models.mlflow_store import connect
 
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    elif not os.environ.get("MLFLOW_TRACKING_URI") and ws is not None:
-        from models.config import TrackingConfig
-        from models.tracking import tracking_uri as default_uri
-
-        mlflow.set_tracking_uri(default_uri(TrackingConfig(), ws))
-    return mlflow.MlflowClient()
+    return connect(ws, tracking_uri)
 
 
 # ----------------------------------------------------------------------------------------------- histories

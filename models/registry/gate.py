@@ -2,19 +2,25 @@
 
 Aliases, not stages (deprecated since MLflow 2.9): every new version becomes ``@challenger``; the gate moves
 ``@champion`` only when NE improves by a set relative margin and calibration stays in bounds. Each decision and
-its figures are written as version tags, so the registry itself explains why a version is (not) serving. Next-item
+its figures are logged as params and metrics of the version's logged model (MLflow 3 LoggedModel, in its source
+run: searchable and comparable across models), and as version tags for the registry UI, so the registry itself
+explains why a version is (not) serving. Next-item
 models (positive-only logs) have no NE: they are compared on leave-one-out NDCG@10, with no calibration bound.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+LOGGED_MODEL_SOURCE = re.compile(r"^models:/(m-[0-9a-f]+)$")
 Evaluate = Callable[
     [str], dict[str, float]
 ]  # model URI -> {"ne": ..., "calibration": ..., ...} on held-out data
@@ -107,12 +113,39 @@ def run_gate(
         }
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
+    log_on_model(client, decision)
     if promoted:
         if current:
             client.set_model_version_tag(name, version, "gate.previous_champion", current)
         client.set_registered_model_alias(name, CHAMPION, version)
         client.delete_registered_model_alias(name, CHALLENGER)
     return decision
+
+
+def logged_model_id(mv) -> str | None:
+    """The LoggedModel behind a model version. SQL registries leave ``ModelVersion.model_id`` empty; the
+    version's source is then ``models:/<model id>``."""
+    match = LOGGED_MODEL_SOURCE.match(mv.source or "")
+    return mv.model_id or (match[1] if match else None)
+
+
+def log_on_model(client: MlflowClient, decision: GateDecision) -> None:
+    """The decision (params) and its figures (metrics, ``gate.promoted`` 1/0) on the version's logged model."""
+    mv = client.get_model_version(decision.name, decision.version)
+    model_id = logged_model_id(mv)
+    if not model_id or not mv.run_id:
+        raise ValueError(
+            f"{decision.name} v{decision.version} was not logged as a model in a run: no lineage"
+        )
+    figures = {f"gate.{k}": v for k, v in decision.metrics.items()}
+    figures |= {f"gate.champion_{k}": v for k, v in decision.champion_metrics.items()}
+    figures["gate.promoted"] = float(decision.promoted)
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now, 0, model_id=model_id) for k, v in figures.items()]
+    client.log_batch(mv.run_id, metrics=metrics)
+    params = {"gate.decision": "promoted" if decision.promoted else "rejected",
+              "gate.reason": decision.reason, "gate.compared_to": decision.champion_version if decision.champion_metrics else "none"}  # fmt: skip
+    client.log_model_params(model_id, params)
 
 
 def rollback(name: str, client: MlflowClient | None = None) -> str:

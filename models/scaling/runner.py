@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from gemflow.config import to_dict
 from gemflow.workspace import Workspace
+from models import mlflow_store
 from models.config import TrainRunConfig
 from models.scaling.composition import filter_actions, set_fingerprint
 from models.scaling.config import ALL_ACTIONS, ScalingConfig, Shape, parse_actions, validate
@@ -339,11 +340,9 @@ class Sweep:
 
     def _experiment_id(self, client) -> str:
         tc = self.cfg.base.tracking
-        experiment = client.get_experiment_by_name(tc.experiment)
-        if experiment is not None:
-            return experiment.experiment_id
-        location = None if tc.tracking_uri else (self.ws.mlflow / "artifacts").resolve().as_uri()
-        return client.create_experiment(tc.experiment, artifact_location=location)
+        return mlflow_store.experiment_id(
+            client, tc.experiment, mlflow_store.resolve(self.ws, tc.tracking_uri)
+        )
 
     def finish_parent(self, metrics: dict[str, float], artifacts: list[Path]) -> None:
         if not self.parent_run_id:

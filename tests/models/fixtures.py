@@ -226,3 +226,15 @@ def tiny_dense():
 
     data = tiny_set()
     return DenseSpec.fit(data.dense_frame(), data.dense_columns())
+
+
+def record_training_run(run_dir: Path, ws, tracking_uri: str = "") -> str:
+    """A finished MLflow run recorded in ``run_dir`` as training records it, for a bundle saved without training
+    (registration logs the model into that run)."""
+    from models.config import TrackingConfig
+    from models.tracking import Tracker
+
+    tracker = Tracker(TrackingConfig(tracking_uri=tracking_uri, experiment="fixtures"), ws, run_dir.name)
+    tracker.record(run_dir)
+    tracker.end()
+    return tracker.run_id

@@ -4,6 +4,7 @@ training sets, version-mismatch detection, multi-process == single-process, and 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from models.embeddings.versions import check_versions, expected_versions, sample
 from models.inference import ModelBundle, build_model, embed_examples, save_bundle
 from models.registry.flat import to_training_set
 from tests.features.helpers import DAY0, USERS, ads_frame, events_frame, publish_without_gate, users_frame
+from tests.models.fixtures import record_training_run
 
 DAYS = [DAY0 + dt.timedelta(days=k) for k in range(4)]
 MODEL_CFG = UserModelConfig(d_model=16, num_layers=1, num_heads=2, num_user_tokens=2, max_history=24)
@@ -254,11 +256,11 @@ def mlflow_server(tmp_path):
 
     port = free_port()
     proc = start_server(tmp_path / "mlflow", port=port)
-    previous = mlflow.get_tracking_uri()
+    previous = os.environ.get("MLFLOW_TRACKING_URI")  # not get_tracking_uri(): unset, it names ./mlflow.db
     url = f"http://127.0.0.1:{port}"
     mlflow.set_tracking_uri(url)
     yield url
-    mlflow.set_tracking_uri(previous)
+    mlflow.set_tracking_uri(previous)  # None unsets it: no store leaks into later tests
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -271,6 +273,8 @@ def test_refresh_from_the_registry_champion_records_its_version(ws, landed, mlfl
 
     client = MlflowClient()
     data = ws.training("vocab")
+    for run in ("v1", "v2"):  # bundles written without training: give each the run training would record
+        record_training_run(landed[1][run].parent, ws, mlflow_server)
     cli = ["register-run", "-w", str(ws.root), "--tracking-uri", mlflow_server, "--training-set", "vocab",
            "--run-dir", str(landed[1]["v1"].parent), "--calibration-low", "0.01", "--calibration-high", "100"]  # fmt: skip
     result = CliRunner().invoke(app, cli)

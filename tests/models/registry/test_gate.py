@@ -7,6 +7,7 @@ previous champion; the server's REST API lists the experiment, metrics, plots an
 from __future__ import annotations
 
 import json
+import os
 import socket
 import urllib.request
 from pathlib import Path
@@ -44,10 +45,10 @@ def server(tmp_path_factory):
     port = free_port()
     proc = start_server(root, port=port)
     url = f"http://127.0.0.1:{port}"
-    previous = mlflow.get_tracking_uri()
+    previous = os.environ.get("MLFLOW_TRACKING_URI")  # not get_tracking_uri(): unset, it names ./mlflow.db
     mlflow.set_tracking_uri(url)
     yield url
-    mlflow.set_tracking_uri(previous)
+    mlflow.set_tracking_uri(previous)  # None unsets it: no store leaks into later tests
     proc.terminate()
     proc.wait(timeout=30)
 

@@ -42,7 +42,9 @@ def ws(workspace):
 def _child_runs(ws, parent_id):
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{ws.mlflow / 'mlflow.db'}")
+    from models.mlflow_store import use
+
+    use(ws)  # not mlflow.set_tracking_uri: it exports the URI, which later tests' workspaces would inherit
     return mlflow.search_runs(
         experiment_names=["scaling-test"], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'"
     )

@@ -1,0 +1,162 @@
+"""The MLflow store every run, model and artifact of the platform lives in: one place decides it.
+
+Which tracking URI: an explicit one (a CLI option or ``tracking.tracking_uri``), else ``$MLFLOW_TRACKING_URI``
+(what the cluster's pods are given), else the workspace's embedded store ``sqlite:///<ws.mlflow>/mlflow.db``.
+Which artifact root: on a tracking server, the server's own (it proxies artifacts); otherwise
+``<ws.mlflow>/artifacts``, never MLflow's fallback ``./mlruns`` of whatever directory a command ran in.
+
+The embedded store is created with that root (so even the Default experiment lives under the workspace), and it
+records the root its paths were written for. SQLite keeps artifact locations as absolute URIs, so a copied or
+moved workspace would still read the old folder: ``open_store`` rewrites them to the workspace's current root the
+first time it opens a moved store (``relocate``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from gemflow.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+ROOT_TAG = "gemflow.artifact_root"  # on the Default experiment (id 0): the root the stored paths point into
+SERVER_SCHEMES = ("http://", "https://", "databricks")  # stores whose server owns the artifact root
+# every column of MLflow's SQL schema that holds an artifact location (absent ones are skipped)
+LOCATION_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
+
+
+@dataclass(frozen=True)
+class Store:
+    tracking_uri: str
+    artifact_root: str | None  # a file URI under the workspace; None = the tracking server's own root
+
+
+def artifact_root(ws: Workspace) -> str:
+    return (ws.mlflow / "artifacts").resolve().as_uri()
+
+
+def embedded_uri(ws: Workspace) -> str:
+    return f"sqlite:///{(ws.mlflow / 'mlflow.db').resolve()}"
+
+
+def resolve(ws: Workspace, tracking_uri: str = "") -> Store:
+    """The store for ``ws`` (see the module doc for the order), prepared for use when it is the embedded one."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri or uri == embedded_uri(ws):
+        return Store(open_embedded(ws), artifact_root(ws))
+    return Store(uri, None if uri.startswith(SERVER_SCHEMES) else artifact_root(ws))
+
+
+def open_embedded(ws: Workspace) -> str:
+    """Create the workspace's SQLite store if needed and point its paths at the workspace; returns its URI."""
+    uri, root = embedded_uri(ws), artifact_root(ws)
+    db = ws.mlflow / "mlflow.db"
+    if not db.exists():
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        ws.mlflow.mkdir(parents=True, exist_ok=True)
+        SqlAlchemyStore(uri, root)  # schema + the Default experiment, under <ws.mlflow>/artifacts/0
+    relocate(db, root)
+    return uri
+
+
+def relocate(db: Path, root: str) -> str | None:
+    """Point every stored artifact location recorded under another root at ``root``; returns the old root.
+
+    A store with no record yet (new, or written before records) is taken to belong where it is.
+    """
+    with sqlite3.connect(db, timeout=60) as con:
+        row = con.execute(
+            "SELECT value FROM experiment_tags WHERE experiment_id = 0 AND key = ?", (ROOT_TAG,)
+        ).fetchone()
+        old = row[0] if row else None
+        if old == root:
+            return None
+        if old is not None:
+            for table, column in _present(con, LOCATION_COLUMNS):
+                for before, after in ((old, root), (_path(old), _path(root))):
+                    con.execute(
+                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "  # noqa: S608 (fixed names)
+                        f"WHERE substr({column}, 1, ?) = ? "
+                        f"AND (length({column}) = ? OR substr({column}, ?, 1) = '/')",
+                        (after, len(before) + 1, len(before), before, len(before), len(before) + 1),
+                    )
+            log.info("MLflow store %s moved: artifact locations %s -> %s", db, old, root)
+        con.execute(
+            "INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) VALUES (?, ?, 0)",
+            (ROOT_TAG, root),
+        )
+    return old
+
+
+def _path(uri: str) -> str:
+    return uri.removeprefix("file://")
+
+
+def _present(con: sqlite3.Connection, columns) -> list[tuple[str, str]]:
+    out = []
+    for table, column in columns:
+        names = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        if column in names:
+            out.append((table, column))
+    return out
+
+
+def experiment_id(client, name: str, store: Store) -> str:
+    """The experiment ``name``, created with the store's artifact root when it does not exist yet."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=store.artifact_root)
+    except MlflowException:  # created meanwhile by another process (a parallel sweep point)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def activate(tracking_uri: str) -> None:
+    """Point this process's MLflow API at ``tracking_uri``. MLflow also exports the URI as ``$MLFLOW_TRACKING_URI``
+    for subprocesses; that variable is put back, so that only the configured value (if any) is ever read from
+    it and a later ``resolve`` for another workspace does not inherit this one's store."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    configured = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri)
+    if configured is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = configured
+
+
+def use(ws: Workspace, tracking_uri: str = "") -> Store:
+    """``resolve`` + ``activate``: the store every MLflow call of this process then goes to."""
+    store = resolve(ws, tracking_uri)
+    activate(store.tracking_uri)
+    return store
+
+
+def connect(ws: Workspace | None, tracking_uri: str = ""):
+    """Point this process at ``ws``'s store (``tracking_uri`` if given) and return a client; without a workspace,
+    at ``tracking_uri`` or whatever this process already uses."""
+    import mlflow
+
+    if ws is not None:
+        use(ws, tracking_uri)
+    elif tracking_uri:
+        activate(tracking_uri)
+    return mlflow.MlflowClient()
