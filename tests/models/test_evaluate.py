@@ -19,6 +19,7 @@ TINY = {
     "model": "user",
     "training_set": "fx",
     "split_mode": "leave_one_out",
+    "user_model.objective": "click",  # its click heads and auxiliary next-event head are what is ranked here
     "user_model.d_model": 16,
     "user_model.num_layers": 1,
     "user_model.num_heads": 2,
