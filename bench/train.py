@@ -69,15 +69,18 @@ COMPILED_VS_EAGER = {"1 rank x 1 core, compiled": "1 rank x 1 core, bf16", "2 ra
 
 
 def cpu_model() -> str:
-    """The CPU's model name (and whether it has AMX tiles, which change what a bf16 GEMM costs)."""
+    """The CPU's model name, family/model numbers and bf16 GEMM hardware (AMX tiles, AVX-512 BF16, neither)."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or platform.machine()
-    name = next(
-        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?"
+    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    bf16 = (
+        "AMX" if "amx_bf16" in flags else "AVX-512 BF16, no AMX" if "avx512_bf16" in flags else "no bf16 ISA"
     )
-    return f"{name} ({'AMX' if 'amx_bf16' in info else 'no AMX'})"
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; {bf16})"
 
 
 def run_config(

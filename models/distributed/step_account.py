@@ -11,7 +11,7 @@ the CPU event tree of the step's thread top-down and gives every microsecond of 
   kernels, bucketing, bias gathers) and the backward nodes of those forward ops (matched by autograd sequence
   number), ``embedding`` inside ``gemflow.sparse_forward`` and its backward nodes (torchrec's fused lookups and
   in-backward Adagrad), ``optimizer`` inside ``gemflow.optimizer_step``;
-- ``other`` = the window's wall time minus all of the above: norms, biases, activations, casts, copies, the
+- ``other`` = the phases' wall time minus all of the above: norms, biases, activations, casts, copies, the
   loss, batch building, Python and the profiler's own per-op overhead.
 
 The window's wall time includes the profiler's overhead (every op pays a few microseconds), so shares are
@@ -52,13 +52,14 @@ def _is_comm(name: str) -> bool:
 def account(events, steps: int) -> dict:
     """Seconds per step in each of ``CATEGORIES`` over a profiled window of ``steps`` steps.
 
-    ``events``: ``profiler.events()`` (FunctionEvents with parents/children). Only the thread that runs the
-    ``gemflow.*`` phase spans counts (backward runs there too on CPU); overlapping helper threads would double
-    count.
+    ``events``: ``profiler.events()`` (FunctionEvents with parents/children). The step is the sum of the
+    trainer's top-level ``gemflow.*`` phase spans (batch, sparse forward, dense forward, backward, optimizer
+    step; backward runs on the same thread on CPU); without such spans, every top-level event.
     """
     roots = [e for e in events if e.cpu_parent is None]
-    main = {e.thread for e in events if e.name.startswith("gemflow.")}
-    roots = [e for e in roots if not main or e.thread in main]
+    phases = [e for e in roots if e.name.startswith("gemflow.")]
+    if phases:  # the step's phase spans only: an evaluation or checkpoint inside the window is no step time
+        roots = phases
     if not roots or steps < 1:
         return {}
     # forward ops under an attention / embedding span: their backward nodes carry the same sequence number
@@ -68,9 +69,7 @@ def account(events, steps: int) -> dict:
     totals = dict.fromkeys(CATEGORIES, 0.0)  # microseconds
     for root in roots:
         _walk(root, "other", seq_category, totals)
-    start = min(e.time_range.start for e in roots)
-    end = max(e.time_range.end for e in roots)
-    window = end - start
+    window = sum(e.time_range.end - e.time_range.start for e in roots)
     totals["other"] = max(window - sum(totals[c] for c in CATEGORIES if c != "other"), 0.0)
     per_step = {c: totals[c] / 1e6 / steps for c in CATEGORIES}
     step = window / 1e6 / steps
