@@ -7,6 +7,10 @@
        ``serving.scorer.score_shared``) against recomputing the user side for every candidate, both as a naive
        server would (one ``user_side`` + ``score`` call per candidate) and batched (the training-style forward
        over N (user, candidate) rows, ``score_recompute``);
+       ``--compile`` adds the shared-K/V scorer with ``Ranker.score`` compiled against eager (CPU ms per request;
+       measured on a random-weight ranker of the bench world's shape, 2-core AMD EPYC under load: 0.68x at 100
+       candidates, 1.10x at 1,000, 1.13x at 5,000, and every new candidate-count range recompiles for ~50-100 s:
+       not adopted in the server);
     3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts (the client's and
        the server's, which must add up to what was sent; shed requests are 503s), latency of the admitted
        requests, degraded answers, server CPU per request, and the server's RSS at start / end / peak.
