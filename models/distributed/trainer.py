@@ -483,7 +483,11 @@ def stats_account(stats: list[dict]) -> dict:
 
 
 def _write_perf(
-    p: Parts, run_dir: Path, stats: list[dict], cpu_by_rank: list[list[float]], accounts: list[dict]
+    p: Parts,
+    run_dir: Path,
+    stats: list[dict],
+    cpu_by_rank: list[list[float]],
+    accounts: list[dict] | None = None,
 ) -> None:
     """Throughput and MFU of this launch's steps after warm-up (what bench/train.py reads).
 
@@ -534,7 +538,7 @@ def _write_perf(
         # and the compiler's own seconds (dynamo + inductor, this rank)
         "first_step_seconds": float(stats[0]["seconds"]),
         "compile_seconds": compile_seconds(),
-        "step_account": accounts,  # per rank: models.distributed.step_account.account
+        "step_account": accounts or [],  # per rank: models.distributed.step_account.account
         # rank 0's mean seconds per step in each phase (wall includes waiting for the other ranks)
         "phase_seconds_mean": {
             k: float(np.mean([r.get(k, 0.0) for r in timed]))
