@@ -229,7 +229,7 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
         raise ValueError(
             f"training set {start}..{end}: no train days left after holding out "
             f"{cfg.valid_days} valid + {cfg.test_days} test day(s); a positive-only log (one day, or no "
-            "timestamps) splits per user instead: --set split=leave-one-out"
+            "timestamps) splits per user instead: --split leave-one-out"
         )
     out = ws.training(cfg.name)
     out.mkdir(parents=True, exist_ok=True)

@@ -105,11 +105,13 @@ class OptimConfig:
     epochs: int = 5
     batch_size: int = 256
     eval_batch_size: int = 1024
-    lr: float = 2e-3  # dense parameters, AdamW
+    # Dense parameters, AdamW. The scaling lab's width rule (docs/scaling.md): 2e-3 x 32 / d_model, i.e. 1e-3
+    # at the default d_model 64 (halving or doubling it trained worse); scale it with the width you choose.
+    lr: float = 1e-3
     weight_decay: float = 1e-4
     sparse_lr: float = 0.02  # embedding rows, fused row-wise Adagrad applied in backward
     grad_clip: float = 1.0
-    patience: int = 2  # early stopping on validation NE
+    patience: int = 2  # evaluations without improvement of the selection metric before the run stops
     conversion_weight: float = 1.0  # weight of the conversion loss next to the click loss
     seed: int = 0
     max_train_examples: int = 0  # 0 = all; >0 = a deterministic subsample (quick runs)
@@ -198,6 +200,10 @@ def validate(cfg: TrainRunConfig) -> None:
             )
     if cfg.optim.epochs < 1 or cfg.optim.batch_size < 1:
         raise ValueError("optim.epochs and optim.batch_size must be >= 1")
+    if cfg.optim.patience < 1:
+        raise ValueError(
+            f"optim.patience must be >= 1 (evaluations without improvement), got {cfg.optim.patience}"
+        )
     if cfg.optim.lr_decay not in ("none", "cosine", "linear"):
         raise ValueError(f"optim.lr_decay must be 'none', 'cosine' or 'linear', got {cfg.optim.lr_decay!r}")
     if cfg.optim.warmup_steps < 0 or not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:

@@ -10,6 +10,7 @@ Arrow list columns are already values + offsets: we keep them flat and slice eac
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -22,6 +23,8 @@ import torch
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
 from models.transforms import lengths, normalize_age, time_bucket
+
+log = logging.getLogger(__name__)
 
 EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
 CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
@@ -146,10 +149,18 @@ class DenseSpec:
 
     @classmethod
     def fit(cls, frame: pd.DataFrame, columns: list[str]) -> DenseSpec:
+        """Z-scores from ``frame`` (the train split). A column that is constant there (e.g. yesterday's ad
+        stats on the first logged day: all missing) is left out: the model could learn nothing from it, and
+        the values it takes later would move the scores through weights its training never touched."""
         x = _squash(frame[columns].to_numpy(np.float64)) if columns else np.zeros((1, 0))
         mean = np.nanmean(x, axis=0) if len(x) else np.zeros(len(columns))
         std = np.nanstd(x, axis=0) if len(x) else np.ones(len(columns))
-        return cls(columns, np.nan_to_num(mean).tolist(), np.where(std > 1e-6, std, 1.0).tolist())
+        varies = std > 1e-6 if len(x) > 1 else np.ones(len(columns), bool)
+        if not varies.all():
+            dropped = [c for c, v in zip(columns, varies, strict=True) if not v]
+            log.warning("dense feature(s) constant on the train split, left out: %s", ", ".join(dropped))
+        keep = np.flatnonzero(varies)
+        return cls([columns[i] for i in keep], np.nan_to_num(mean[keep]).tolist(), std[keep].tolist())
 
 
 def _squash(x: np.ndarray) -> np.ndarray:

@@ -7,7 +7,8 @@ One loop, two tasks (``Task``): what a batch is, its loss, and how a split is ju
   objective and the SASRec baseline): one epoch is one train prefix per user; the best epoch is the highest
   validation NDCG@10 of the leave-one-out protocol (NE is undefined without negatives).
 One epoch = one pass (order fixed by ``seed + epoch``), then an evaluation on the valid split; early stopping
-after ``optim.patience`` epochs without improvement. Sparse embedding rows are updated by a fused row-wise
+after ``optim.patience`` epochs without improvement (the loop is ``models.loop``'s, shared with ``--nproc``
+training; ``LocalStrategy`` is this process's side of it). Sparse embedding rows are updated by a fused row-wise
 Adagrad inside backward (torchrec ``apply_optimizer_in_backward``), dense parameters by AdamW; the next-item
 task trains its embeddings with AdamW too (under row-wise Adagrad at the click task's rates they barely left
 their random start).
@@ -23,14 +24,13 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from gemflow.config import save_config
 from gemflow.workspace import Workspace
@@ -46,6 +46,7 @@ from models.inference import (
     predict,
     save_bundle,
 )
+from models.loop import LoopConfig, LoopState, run_loop
 from models.metrics import binary_metrics
 from models.tracking import Tracker
 
@@ -141,9 +142,12 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
 
 
 def resolve_objective(cfg: TrainRunConfig, path: Path) -> str:
-    """The user model's objective: as configured, or for "auto" next_item on a set split leave-one-out."""
+    """The user model's objective: as configured, or for "auto" next_item on a set split leave-one-out (by
+    build-training-set, or re-split here by ``split_mode: leave_one_out``)."""
     if cfg.user_model.objective != "auto":
         return cfg.user_model.objective
+    if cfg.split_mode == "leave_one_out":
+        return "next_item"
     manifest = path / "manifest.json"
     split = json.loads(manifest.read_text()).get("split", "time") if manifest.exists() else "time"
     return "next_item" if split == "leave-one-out" else "click"
@@ -324,37 +328,118 @@ def make_task(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | 
     return ClickTask(cfg, prepare(cfg, ws, user_embeddings))
 
 
+class LocalStrategy:
+    """One process's side of the training loop (``models.loop``): a plain optimizer step (fused row-wise
+    Adagrad in backward + AdamW with the lr schedule), ``model.pt`` rewritten whenever the state improves,
+    ``checkpoint.pt`` after every evaluation."""
+
+    is_main = True
+
+    def __init__(self, task, cfg: TrainRunConfig, run_dir: Path):
+        self.task, self.oc, self.run_dir = task, cfg.optim, run_dir
+        self.tracker: Tracker | None = None  # set once a resume has named the MLflow run to continue
+        self.model = task.bundle.model
+        self.sparse, self.dense_opt = make_optimizers(
+            self.model, cfg.optim, sparse_in_backward=task.sparse_in_backward
+        )
+        self.total_steps = self.oc.epochs * math.ceil(task.num_train / self.oc.batch_size)  # the lr horizon
+        self.losses: list[float] = []  # since the last evaluation
+        self.started = time.perf_counter()
+
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT
+
+    def resume(self) -> LoopState | None:
+        path = self.checkpoint_path()
+        if not path.exists():
+            return None
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(ckpt["model"])
+        self.dense_opt.load_state_dict(ckpt["optimizer"])
+        load_sparse_optimizer_state(self.sparse, ckpt["sparse_optimizer"])
+        torch.set_rng_state(ckpt["rng"])
+        return loop_state(ckpt["state"])
+
+    def epoch_steps(self, epoch: int) -> list[np.ndarray]:
+        return self.task.epoch_batches(epoch)
+
+    def train_step(self, batch: np.ndarray, step: int, epoch: int) -> float:
+        oc = self.oc
+        if not self.losses:  # an epoch begins
+            self.model.train()
+            self.started = time.perf_counter()
+        loss = self.task.loss(batch)
+        self.dense_opt.zero_grad(set_to_none=True)
+        loss.backward()  # embedding rows are updated here by the fused Adagrad (click task)
+        if oc.grad_clip > 0:
+            nn.utils.clip_grad_norm_(
+                [p for g in self.dense_opt.param_groups for p in g["params"]], oc.grad_clip
+            )
+        for group in self.dense_opt.param_groups:
+            group["lr"] = scheduled_lr(oc.lr, step, self.total_steps, oc)
+        self.dense_opt.step()
+        self.losses.append(loss.item())
+        if (step + 1) % oc.log_every == 0:
+            self.tracker.log_metrics(
+                {"train_loss": float(np.mean(self.losses[-oc.log_every :]))}, step=step + 1
+            )
+        return self.losses[-1]
+
+    def evaluate(self, state: LoopState) -> dict[str, float]:
+        if not state.history:  # epoch 0: the untrained model
+            metrics = {"epoch": 0, **self.task.evaluate(self.model, "valid")}
+            self.tracker.log_metrics(metrics, step=0)
+            return metrics
+        metrics = {
+            "epoch": state.epoch,
+            "train_loss": float(np.mean(self.losses)) if self.losses else math.nan,
+        }
+        trained = time.perf_counter()
+        metrics |= self.task.evaluate(self.model, "valid")
+        metrics |= {"train_seconds": trained - self.started, "eval_seconds": time.perf_counter() - trained}
+        self.losses = []
+        self.tracker.log_metrics(metrics, step=state.epoch)
+        log.info("epoch %d: %s", state.epoch, {k: round(v, 4) for k, v in metrics.items()})
+        return metrics
+
+    def agree(self, value):
+        return value
+
+    def keep_best(self, state: LoopState) -> None:
+        save_bundle(self.run_dir / "model.pt", self.task.bundle)
+
+    def save_checkpoint(self, state: LoopState) -> None:
+        atomic_save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.dense_opt.state_dict(),
+                "sparse_optimizer": sparse_optimizer_state(self.sparse),
+                "rng": torch.get_rng_state(),
+                "state": asdict(state),
+            },
+            self.checkpoint_path(),
+        )
+
+
+def loop_state(saved: dict) -> LoopState:
+    """The loop state of a checkpoint, also one written before the shared loop (``best_ne``, ``bad_epochs``)."""
+    renamed = {"best_ne": "best", "bad_epochs": "bad_evals"}
+    return LoopState(**{renamed.get(k, k): v for k, v in saved.items()})
+
+
 def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None) -> TrainResult:
     task = make_task(cfg, ws, user_embeddings)
-    model, oc = task.bundle.model, cfg.optim
     run_dir = run_dir_for(cfg, ws)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
-    sparse, dense_opt = make_optimizers(model, oc, sparse_in_backward=task.sparse_in_backward)
+    strategy = LocalStrategy(task, cfg, run_dir)
+    state = (strategy.resume() if cfg.resume else None) or LoopState()
+    if state.step or state.history:
+        log.info("resumed %s at epoch %d step %d", run_dir, state.epoch, state.step)
 
-    state = {
-        "epoch": 0,
-        "step": 0,
-        "best": math.inf,
-        "best_epoch": 0,
-        "bad_epochs": 0,
-        "history": [],
-        "run_id": None,
-    }
-    ckpt_path = run_dir / CHECKPOINT
-    if cfg.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        dense_opt.load_state_dict(ckpt["optimizer"])
-        load_sparse_optimizer_state(sparse, ckpt["sparse_optimizer"])
-        torch.set_rng_state(ckpt["rng"])
-        state = ckpt["state"]
-        if "best_ne" in state:  # a checkpoint written before tasks chose their own metric
-            state["best"] = state.pop("best_ne")
-        log.info("resumed %s at epoch %d step %d", run_dir, state["epoch"], state["step"])
-
-    tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state["run_id"])
-    state["run_id"] = tracker.run_id
+    tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state.run_id)
+    strategy.tracker = tracker
+    state.run_id = tracker.run_id
     task.bundle.version = tracker.run_id or run_dir.name
     tracker.log_config(cfg)
     tracker.log_params({"train_examples": task.num_train, "selection_metric": task.select,
@@ -362,66 +447,9 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
     if task.bundle.user_model_version:
         tracker.set_tags({"user_model_version": task.bundle.user_model_version})
 
-    if not state["history"]:  # epoch 0: the untrained model, the baseline every epoch must beat
-        initial = {"epoch": 0, **task.evaluate(model, "valid")}
-        state["history"].append(initial)
-        tracker.log_metrics(initial, step=0)
-        save_bundle(run_dir / "model.pt", task.bundle)
-        state["best"] = initial[task.select]
-
-    def improved(value: float) -> bool:
-        return value > state["best"] if task.higher_is_better else value < state["best"]
-
-    total_steps = oc.epochs * math.ceil(task.num_train / oc.batch_size)  # the schedule's horizon
+    loop = LoopConfig(cfg.optim.epochs, cfg.optim.patience, task.select, task.higher_is_better)
     try:
-        while state["epoch"] < oc.epochs and state["bad_epochs"] < oc.patience:
-            epoch = state["epoch"] + 1
-            model.train()
-            losses, started = [], time.perf_counter()
-            for batch in tqdm(task.epoch_batches(epoch), desc=f"epoch {epoch}/{oc.epochs}", leave=False):
-                loss = task.loss(batch)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(
-                        f"loss became {loss.item()} at step {state['step']} (lower optim.lr?)"
-                    )
-                dense_opt.zero_grad(set_to_none=True)
-                loss.backward()  # embedding rows are updated here by the fused Adagrad (click task)
-                if oc.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(
-                        [p for g in dense_opt.param_groups for p in g["params"]], oc.grad_clip
-                    )
-                for group in dense_opt.param_groups:
-                    group["lr"] = scheduled_lr(oc.lr, state["step"], total_steps, oc)
-                dense_opt.step()
-                state["step"] += 1
-                losses.append(loss.item())
-                if state["step"] % oc.log_every == 0:
-                    tracker.log_metrics(
-                        {"train_loss": float(np.mean(losses[-oc.log_every :]))}, step=state["step"]
-                    )
-            metrics = {"epoch": epoch, "train_loss": float(np.mean(losses)) if losses else float("nan")}
-            trained = time.perf_counter()
-            metrics |= task.evaluate(model, "valid")
-            metrics |= {"train_seconds": trained - started, "eval_seconds": time.perf_counter() - trained}
-            state["history"].append(metrics)
-            tracker.log_metrics(metrics, step=epoch)
-            log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in metrics.items()})
-            if improved(metrics[task.select]):
-                state.update(best=metrics[task.select], best_epoch=epoch, bad_epochs=0)
-                save_bundle(run_dir / "model.pt", task.bundle)
-            else:
-                state["bad_epochs"] += 1
-            state["epoch"] = epoch
-            atomic_save(
-                {
-                    "model": model.state_dict(),
-                    "optimizer": dense_opt.state_dict(),
-                    "sparse_optimizer": sparse_optimizer_state(sparse),
-                    "rng": torch.get_rng_state(),
-                    "state": state,
-                },
-                ckpt_path,
-            )
+        state = run_loop(strategy, loop, state)
         result = _finish(task, run_dir, state, tracker)
     except BaseException:
         tracker.end("FAILED")
@@ -430,17 +458,17 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
     return result
 
 
-def _finish(task, run_dir: Path, state: dict, tracker: Tracker) -> TrainResult:
+def _finish(task, run_dir: Path, state: LoopState, tracker: Tracker) -> TrainResult:
     """Reload the best weights, score valid and test, write metrics + plots next to the model."""
     best = load_bundle(run_dir / "model.pt").model
-    final = {"best_epoch": float(state["best_epoch"])}
+    final = {"best_epoch": float(state.best_epoch)}
     final |= task.evaluate(best, "valid")
     final |= task.evaluate(best, "test")
-    final[f"initial_{task.select}"] = state["history"][0][task.select]
+    final[f"initial_{task.select}"] = state.history[0][task.select]
     (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
-    (run_dir / "history.json").write_text(json.dumps(state["history"], indent=2))
-    tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state["epoch"])
-    plots = task.plots(best, state["history"], run_dir)
+    (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
+    tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.epoch)
+    plots = task.plots(best, state.history, run_dir)
     for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
         tracker.log_artifact(path)
-    return TrainResult(run_dir, final, state["history"], state["best_epoch"], tracker.run_id)
+    return TrainResult(run_dir, final, state.history, state.best_epoch, tracker.run_id)

@@ -123,6 +123,14 @@ def register(app: typer.Typer) -> None:
         name: Annotated[
             str | None, typer.Option("--name", "-n", help="Folder under <workspace>/training/.")
         ] = None,
+        split: Annotated[
+            str | None,
+            typer.Option(
+                "--split",
+                help="time (the last days held out) or leave-one-out (per user: last positive -> test, the "
+                "one before -> valid; positive-only logs). Default: the config's, else time.",
+            ),
+        ] = None,
         cfg_path: ConfigOpt = None,
         overrides: SetOpt = None,
         ws: WorkspaceOpt = None,
@@ -134,7 +142,7 @@ def register(app: typer.Typer) -> None:
         for value in (start, end):
             if value is not None:
                 parse_date(value)
-        cfg = config(TrainingSetConfig, cfg_path, overrides, start=start, end=end, name=name)
+        cfg = config(TrainingSetConfig, cfg_path, overrides, start=start, end=end, name=name, split=split)
         try:
             manifest = build_training_set(workspace(ws), cfg)
         except (ValueError, FileNotFoundError) as err:

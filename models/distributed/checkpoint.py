@@ -8,7 +8,8 @@ Order of a save: rank 0 clears a stale temp folder -> barrier -> every rank writ
 rank 0 fsyncs and renames the folder (the commit point), then points ``latest`` at it (write a temp file,
 rename) and prunes old checkpoints -> barrier. A crash before the rename leaves only a temp folder, which is
 never read and is removed at the next start; a crash between the rename and ``latest`` leaves the previous
-``latest``, still complete. ``latest`` is the only thing a resume reads to choose.
+``latest``, still complete. ``latest`` is the only thing a resume reads to choose. The best state's checkpoint outlives pruning (``protect``):
+the run's state names its step, and the export restores it.
 
 Our own parts (replicated tables, RNG states) are written pickle-free by ``save_state``: the tensors in a file
 ``torch.load(weights_only=True)`` reads, everything else (numbers, strings, the nesting) in JSON beside it.
@@ -97,8 +98,14 @@ class CheckpointStore:
             shutil.rmtree(self.root)
         _barrier()
 
-    def save(self, step: int, write: Callable[[Path], None]) -> Path:
-        """Every rank calls this; ``write(folder)`` writes the rank's part into the (temporary) folder."""
+    def path(self, step: int) -> Path:
+        return self.root / checkpoint_name(step)
+
+    def save(self, step: int, write: Callable[[Path], None], *, protect: int | None = None) -> Path:
+        """Every rank calls this; ``write(folder)`` writes the rank's part into the (temporary) folder.
+
+        Pruning keeps the ``keep`` newest and the checkpoint of step ``protect`` (the best state, for export).
+        """
         name = checkpoint_name(step)
         tmp, final = self.root / f".{name}.tmp", self.root / name
         if self.rank == 0:
@@ -118,8 +125,9 @@ class CheckpointStore:
             _fsync(pointer)
             os.replace(pointer, self.root / LATEST)
             _fsync(self.root)
+            kept = {final, self.path(protect)} if protect is not None else {final}
             for old in self.committed()[: -self.keep]:
-                if old != final:
+                if old not in kept:
                     shutil.rmtree(old, ignore_errors=True)
         _barrier()
         return final

@@ -8,6 +8,10 @@ engine over the dense tower (ZeRO, bf16, MoE experts across ranks, FP8 Linears) 
 Every collective (sharded lookups, MoE all-to-all, the gradient reduction) needs all ranks, so every rank
 runs the same number of steps and evaluation batches.
 
+The epochs, evaluations, early stopping (``optim.patience``) and best-state tracking are the shared loop's
+(``models.loop``, as in one process); ``DeepSpeedStrategy`` is what differs here. The best state is a checkpoint
+kept from pruning; at the end it is loaded back into the engine, scored and exported as ``model.pt``.
+
 Exact resume: the data plan is a function of (seed, epoch); the global RNG is re-seeded at every step from
 (seed, step, rank) (the MoE gate's random token selection and the sampled negatives draw from it); a checkpoint
 holds the sharded embeddings + their optimizer state, the engine, the step, the metric history and RNG states.
@@ -30,7 +34,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
-from tqdm import tqdm
 
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
@@ -47,6 +50,7 @@ from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sp
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
 from models.distributed.sparse import SparseLookup
 from models.distributed.step_account import account
+from models.loop import LoopConfig, LoopState, run_loop
 from models.metrics import binary_metrics
 
 log = logging.getLogger("gemflow.distributed")
@@ -59,12 +63,9 @@ PROFILE_FIRST_STEP, PROFILE_STEPS = 4, 4
 
 
 @dataclass
-class RunState:
-    """What a checkpoint restores besides the weights (saved as JSON)."""
+class RunState(LoopState):
+    """What a checkpoint restores besides the weights (saved as JSON): the loop's state and the run's layout."""
 
-    step: int = 0
-    history: list[dict] = field(default_factory=list)  # one entry per evaluation
-    run_id: str | None = None
     left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
     replicated_tables: list[str] = field(default_factory=list)  # the rest sharded (checkpoint layout)
     fp8_gemm: str = ""  # the float8 GEMM the run chose: a resume keeps it (the two paths round differently)
@@ -260,7 +261,7 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
         if p.rank == 0:
             (folder / "state.json").write_text(json.dumps(state.__dict__, indent=1))
 
-    return store.save(state.step, write)
+    return store.save(state.step, write, protect=state.best_step)
 
 
 def load_checkpoint(p: Parts, path: Path) -> RunState:
@@ -316,19 +317,21 @@ def _maybe_crash(rank: int, step: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def schedule(p: Parts) -> tuple[list[tuple[int, Step]], int]:
-    """Every step of the run as (epoch, Step), and the examples left out per epoch."""
+def schedule(p: Parts) -> tuple[dict[int, list[Step]], int]:
+    """Every step of the run by epoch (the last cut to ``max_steps``), and the examples left out per epoch."""
     cfg, dc = p.cfg, p.cfg.distributed
     s = p.setup
     cuts = s.data.examples["cut"].to_numpy()[s.train_rows]
     costs = example_costs(cuts, cfg.user_model.max_history)
-    out, left_out = [], 0
+    out, total, left_out = {}, 0, 0
     for epoch in range(1, cfg.optim.epochs + 1):
         steps, left_out = plan_epoch(s.train_rows, costs, tokens_per_step=dc.tokens_per_step, world_size=p.world,
                                      seed=cfg.optim.seed, epoch=epoch)  # fmt: skip
-        out += [(epoch, st) for st in steps]
-        if dc.max_steps and len(out) >= dc.max_steps:
-            return out[: dc.max_steps], left_out
+        if dc.max_steps:
+            steps = steps[: dc.max_steps - total]
+        out[epoch], total = steps, total + len(steps)
+        if dc.max_steps and total >= dc.max_steps:
+            break
     return out, left_out
 
 
@@ -358,78 +361,99 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
     if tracker is not None:
         state.run_id = tracker.run_id
         tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "fp8_gemm": p.fp8_gemm or "none", "moe_layers": len(moe_layers(p.tower)),
-                            "steps": len(plan), "train_examples": len(p.setup.train_rows)})  # fmt: skip
+                            "steps": sum(map(len, plan.values())), "train_examples": len(p.setup.train_rows)})  # fmt: skip
+    strategy = DeepSpeedStrategy(p, plan, store, tracker)
+    loop = LoopConfig(cfg.optim.epochs, cfg.optim.patience, "valid_ne", higher_is_better=False,
+                      eval_every=dc.eval_every, max_steps=dc.max_steps, checkpoint_every=dc.checkpoint.every_steps)  # fmt: skip
     try:
-        stats = _train(p, plan, state, store, tracker)
+        p.engine.train()
+        state = run_loop(strategy, loop, state)
+        strategy.end(state)
         cpu_by_rank = [None] * p.world  # every rank's per-step CPU seconds: the critical path of each step
-        dist.all_gather_object(cpu_by_rank, [r["cpu_seconds"] for r in stats])
+        dist.all_gather_object(cpu_by_rank, [r["cpu_seconds"] for r in strategy.stats])
         accounts = [None] * p.world  # every rank's step account (empty unless distributed.step_account)
-        dist.all_gather_object(accounts, stats_account(stats))
+        dist.all_gather_object(accounts, strategy.profiler.account)
         if rank0:
-            _write_perf(p, run_dir, stats, cpu_by_rank, accounts)
-        return _finish(p, run_dir, state, tracker)
+            _write_perf(p, run_dir, strategy.stats, cpu_by_rank, accounts)
+        return _finish(p, run_dir, store, state, tracker)
     except BaseException:
         if tracker is not None:
             tracker.end("FAILED")
         raise
 
 
-def _train(p: Parts, plan, state: RunState, store: CheckpointStore, tracker) -> list[dict]:
-    """Run the remaining steps; returns each step's stats (for perf.json)."""
-    dc, oc = p.cfg.distributed, p.cfg.optim
-    rank0 = p.rank == 0
-    eval_every = dc.eval_every
-    epoch_ends = {i + 1 for i, (e, _) in enumerate(plan) if i + 1 == len(plan) or plan[i + 1][0] != e}
-    num_dense = len(p.setup.bundle.dense.columns)
-    recent: list[dict] = []
-    stats: list[dict] = []
-    if not state.history:  # step 0: the untrained model, the baseline training must beat
-        state.history.append({"step": 0, "epoch": 0, **evaluate(p, p.setup.valid_rows, "valid_")})
-        if tracker is not None:
-            tracker.log_metrics(state.history[0], step=0)
-    p.engine.train()
-    bar = tqdm(range(state.step, len(plan)), desc=f"train rank {p.rank}", disable=not rank0, leave=False)
-    profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank, dc.step_account)
-    for i in bar:
-        profiler.at_step(i)
-        epoch, step = plan[i]
+class DeepSpeedStrategy:
+    """One rank's side of the training loop (``models.loop``): a step through the sharded embeddings and the
+    DeepSpeed engine, evaluation by all ranks together, checkpoints in the multi-rank ``CheckpointStore`` (the best
+    state's kept from pruning: the export restores it). Steps re-seed the global RNG (exact resume)."""
+
+    def __init__(self, p: Parts, plan: dict[int, list[Step]], store: CheckpointStore, tracker):
+        self.p, self.plan, self.store, self.tracker = p, plan, store, tracker
+        self.is_main = p.rank == 0
+        self.num_dense = len(p.setup.bundle.dense.columns)
+        self.recent: list[dict] = []  # step stats not logged yet
+        self.stats: list[dict] = []  # every step this launch ran (perf.json)
+        self.profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank, p.cfg.distributed.step_account)
+        self.saved_step = -1
+
+    def epoch_steps(self, epoch: int) -> list[Step]:
+        return self.plan.get(epoch, [])
+
+    def train_step(self, step: Step, i: int, epoch: int) -> float:
+        p, oc = self.p, self.p.cfg.optim
+        self.profiler.at_step(i)
         torch.manual_seed(step_seed(oc.seed, i, p.world, p.rank))
         start, cpu_start = time.perf_counter(), time.process_time()
         p.clock.reset()
         loss, parts = forward_loss(p, step.rows[p.rank], sum(len(r) for r in step.rows))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"rank {p.rank}: loss became {loss.item()} at step {i} (lower optim.lr?)"
-            )
         with p.clock("backward"):
             p.engine.backward(loss)  # embedding rows are updated here by the fused Adagrad
         with p.clock("optimizer_step"):
             p.sparse.step()  # the replicated tables (the sharded ones were updated inside backward)
             p.engine.step()
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        state.step = i + 1
-        phases = p.clock.as_dict()
-        recent.append(
-            _step_stats(p, step, loss.item(), parts, elapsed, num_dense)
-            | {"cpu_seconds": cpu, "profiled": profiler.prof is not None, **phases}
-        )
-        stats.append(recent[-1])
-        if state.step % oc.log_every == 0 or state.step == len(plan):
-            _log_steps(p, tracker, recent, state.step)
-            recent = []
-        if (eval_every and state.step % eval_every == 0) or (not eval_every and state.step in epoch_ends):
-            metrics = {"step": state.step, "epoch": epoch, **evaluate(p, p.setup.valid_rows, "valid_")}
-            state.history.append(metrics)
-            if tracker is not None:
-                tracker.log_metrics(metrics, step=state.step)
+        stats = _step_stats(p, step, loss.item(), parts, elapsed, self.num_dense)
+        profiled = self.profiler.prof is not None  # profiler overhead: perf.json leaves the step out
+        self.recent.append(stats | {"cpu_seconds": cpu, "profiled": profiled, **p.clock.as_dict()})
+        self.stats.append(self.recent[-1])
+        if (i + 1) % oc.log_every == 0:
+            self.flush_logs(i + 1)
+        return stats["loss"]
+
+    def flush_logs(self, step: int) -> None:
+        """Log the steps since the last log (collective: every rank calls it at the same steps)."""
+        if self.recent:
+            _log_steps(self.p, self.tracker, self.recent, step)
+            self.recent = []
+
+    def end(self, state: LoopState) -> None:
+        self.profiler.stop()
+        self.flush_logs(state.step)
+
+    def evaluate(self, state: LoopState) -> dict[str, float]:
+        metrics = {
+            "step": state.step,
+            "epoch": state.epoch,
+            **evaluate(self.p, self.p.setup.valid_rows, "valid_"),
+        }
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step=state.step)
+            if state.step:
                 log.info("step %d: valid_ne %.4f", state.step, metrics["valid_ne"])
-        every = dc.checkpoint.every_steps
-        if (every and state.step % every == 0) or state.step == len(plan):
-            save_checkpoint(p, store, state)
-    profiler.stop()
-    if profiler.account and stats:
-        stats[-1]["account"] = profiler.account  # read back by stats_account
-    return stats
+        return metrics
+
+    def agree(self, value):
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def keep_best(self, state: LoopState) -> None:
+        self.save_checkpoint(state)  # the store keeps it while it is the best: _finish restores it
+
+    def save_checkpoint(self, state: LoopState) -> None:
+        if self.saved_step != state.step:  # the best state's checkpoint may also be the periodic one
+            save_checkpoint(self.p, self.store, state)
+            self.saved_step = state.step
 
 
 class _StepProfiler:
@@ -478,10 +502,6 @@ class _StepProfiler:
 PERF_WARMUP_STEPS = 3  # the first steps pay for lazy initialisation and allocator warm-up
 
 
-def stats_account(stats: list[dict]) -> dict:
-    return stats[-1].get("account", {}) if stats else {}
-
-
 def _write_perf(
     p: Parts,
     run_dir: Path,
@@ -498,9 +518,8 @@ def _write_perf(
     communication latency), so tokens over it give the quiet-machine throughput.
     """
     first = PERF_WARMUP_STEPS if len(stats) > PERF_WARMUP_STEPS else 0
-    kept = [
-        i for i in range(first, len(stats)) if not stats[i].get("profiled")
-    ]  # profiler overhead: left out
+    # steps under the profiler (distributed.step_account) pay its overhead: left out of the figures
+    kept = [i for i in range(first, len(stats)) if not stats[i].get("profiled")]
     timed = [stats[i] for i in kept]
     if not timed:
         return
@@ -636,9 +655,21 @@ def export_model(p: Parts, run_dir: Path, state: RunState) -> float | None:
     return diff
 
 
-def _finish(p: Parts, run_dir: Path, state: RunState, tracker) -> dict[str, float]:
-    """Final validation + test metrics, the exported model, metrics.json; rank 0 writes."""
-    final = {"steps": float(state.step)}
+def _finish(p: Parts, run_dir: Path, store: CheckpointStore, state: RunState, tracker) -> dict[str, float]:
+    """The best state back in the engine, its validation + test metrics, the exported model, metrics.json;
+    rank 0 writes."""
+    best = store.path(state.best_step)
+    if state.best_step != state.step and best.is_dir():  # not there: a run checkpointed before best tracking
+        load_checkpoint(p, best)
+        if p.rank == 0:
+            log.info(
+                "restored the best state (step %d, valid_ne %.4f) for export", state.best_step, state.best
+            )
+    final = {
+        "steps": float(state.step),
+        "best_step": float(state.best_step),
+        "best_epoch": float(state.best_epoch),
+    }
     final |= evaluate(p, p.setup.valid_rows, "valid_")
     final |= evaluate(p, p.setup.test_rows, "test_")
     if state.history:

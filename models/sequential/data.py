@@ -105,7 +105,7 @@ class SequenceSet:
         if not {"train", "valid", "test"} <= set(np.unique(split)):
             raise TrainingSetError(
                 f"{data.path}: the next-item objective needs a leave-one-out split (train, valid and test "
-                "positives per user); build the set with --set split=leave-one-out"
+                "positives per user); build the set with --split leave-one-out"
             )
         self.data, self.max_len, self.time_buckets = data, max_len, time_buckets
         positive = ex["click"].to_numpy() > 0

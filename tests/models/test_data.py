@@ -73,3 +73,20 @@ def test_bad_snapshot_settings_are_named():
     emb = np.zeros((len(tiny_set().examples), 8), np.float32)
     with pytest.raises(ValueError, match="snapshot batches are for the user model"):
         _builder(snapshot="day", user_embeddings=emb, num_user_tokens=2)
+
+
+def test_a_dense_feature_constant_on_the_train_split_is_left_out():
+    """Yesterday's ad stats are all missing on the first logged day: a feature the train split never varies
+    gets no weight it could learn, so it is dropped and a later value cannot move the scores."""
+    import pandas as pd
+
+    from models.data import DenseSpec
+
+    train = pd.DataFrame({"ctr_1d": [np.nan] * 4, "quality": [0.1, 0.5, 0.2, 0.9], "one": [1.0] * 4})
+    spec = DenseSpec.fit(train, ["ctr_1d", "quality", "one"])
+    assert spec.columns == ["quality"]
+    later = pd.DataFrame({"ctr_1d": [0.3], "quality": [0.5], "one": [7.0]})
+    x = spec.apply(later)
+    assert x.shape == (1, 1)
+    expected = (np.log1p(0.5) - np.log1p(train["quality"]).mean()) / np.log1p(train["quality"]).std(ddof=0)
+    np.testing.assert_allclose(x[0, 0], expected, rtol=1e-5)

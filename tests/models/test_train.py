@@ -97,6 +97,22 @@ def test_resume_reaches_the_same_result(ws, straight):
     assert resumed.metrics["test_ne"] == pytest.approx(straight.metrics["test_ne"], rel=1e-5)
 
 
+@pytest.mark.integration  # a real training run
+def test_overfitting_run_stops_early_and_exports_its_best_epoch(ws):
+    """A small train subsample at a high learning rate: the validation NE falls, then rises; the run stops
+    ``optim.patience`` epochs after its best one and ``model.pt`` is that epoch's state."""
+    overfit = {**SMALL, "optim.epochs": 10, "optim.patience": 2, "optim.lr": 1e-2, "optim.max_train_examples": 96,
+               "tracking.enabled": "false", "output_dir": str(ws.root / "runs" / "overfit")}  # fmt: skip
+    result = train(load_config(TrainRunConfig, None, overfit), ws)
+    ne = [h["valid_ne"] for h in result.history]
+    best = ne.index(min(ne))
+    assert 0 < best < len(ne) - 1, ne  # it learned, then overfitted
+    assert len(ne) - 1 == best + 2 < 10, ne  # patience 2 ended it early
+    assert result.best_epoch == best
+    assert result.metrics["valid_ne"] == pytest.approx(ne[best], rel=1e-6)  # scored from model.pt
+    assert abs(result.metrics["valid_ne"] - ne[-1]) > 1e-3
+
+
 @pytest.mark.integration  # real training runs and MLflow (~20 s each on 2 shared cores)
 def test_mlflow_run_has_metrics_params_and_artifacts(ws, straight):
     from mlflow.tracking import MlflowClient

@@ -1,7 +1,11 @@
-"""Shared pieces of the distributed-training tests: a small planted training set and a run config."""
+"""Shared pieces of the distributed-training tests: small planted training sets, a run config, a CLI launch."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +55,40 @@ def write_learnable_set(out: Path, num_users: int, seed: int = 0) -> Path:
     ex.to_parquet(out / "examples.parquet", index=False)
     (out / "ranker.parquet").unlink()  # the user model reads sequences + examples only
     return out
+
+
+REPO = Path(__file__).resolve().parents[3]
+# the shape of every run launched through the CLI (``gemflow_train``)
+COMMON = {
+    "user_model.d_model": 64,
+    "user_model.max_history": 64,
+    "optim.epochs": 2,  # this small set overfits after 2 epochs: compare where both runs have learned
+    "optim.lr": 1e-3,
+    "optim.log_every": 10,
+    "distributed.tokens_per_step": 2000,
+    "distributed.threads_per_rank": 1,
+    "distributed.checkpoint.every_steps": 10,
+    "distributed.peak_tflops": 0.05,  # skip the launch-time GEMM measurement; MFU is not asserted here
+    "tracking.enabled": "false",
+}
+
+
+def gemflow_train(root: Path, run: str, nproc: int, overrides: dict, *, env=None, background=False):
+    """``gemflow train --nproc N`` on ``<root>/training/learnable`` into ``<root>/<run>``: its metrics.json, or
+    the process when ``background``."""
+    args = [sys.executable, "-m", "gemflow.cli", "train", "--model", "user", "--training-set", "learnable",
+            "--workspace", str(root), "--nproc", str(nproc), "--set", f"output_dir={root / run}"]  # fmt: skip
+    for key, value in {**COMMON, **overrides}.items():
+        args += ["--set", f"{key}={value}"]
+    log = open(root / f"{run}.log", "a")  # noqa: SIM115 (closed by the caller via the process)
+    proc = subprocess.Popen(
+        args, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+    )
+    if background:
+        return proc
+    rc = proc.wait(timeout=1500)
+    assert rc == 0, f"{run} exited with {rc}:\n" + (root / f"{run}.log").read_text()[-3000:]
+    return json.loads((root / run / "metrics.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -23,23 +23,10 @@ import torch
 from models.distributed.trainer import CRASH_IN_CHECKPOINT
 from models.inference import load_bundle
 from models.layers import MixtureOfExperts
-from tests.models.distributed.conftest import write_learnable_set
+from tests.models.distributed.conftest import REPO, gemflow_train, write_learnable_set
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
-COMMON = {
-    "user_model.d_model": 64,
-    "user_model.max_history": 64,
-    "optim.epochs": 2,  # this small set overfits after 2 epochs: compare where both runs have learned
-    "optim.lr": 1e-3,
-    "optim.log_every": 10,
-    "distributed.tokens_per_step": 2000,
-    "distributed.threads_per_rank": 1,
-    "distributed.checkpoint.every_steps": 10,
-    "distributed.peak_tflops": 0.05,  # skip the launch-time GEMM measurement; MFU is not asserted here
-    "tracking.enabled": "false",
-}
 FULL = {
     "user_model.ffn": "moe,moe",
     "distributed.moe.ep_size": 2,
@@ -57,22 +44,6 @@ def workspace_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dist-ws")
     write_learnable_set(root / "training" / "learnable", num_users=300)
     return root
-
-
-def gemflow_train(root: Path, run: str, nproc: int, overrides: dict, *, env=None, background=False):
-    args = [sys.executable, "-m", "gemflow.cli", "train", "--model", "user", "--training-set", "learnable",
-            "--workspace", str(root), "--nproc", str(nproc), "--set", f"output_dir={root / run}"]  # fmt: skip
-    for key, value in {**COMMON, **overrides}.items():
-        args += ["--set", f"{key}={value}"]
-    log = open(root / f"{run}.log", "a")  # noqa: SIM115 (closed by the caller via the process)
-    proc = subprocess.Popen(
-        args, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT
-    )
-    if background:
-        return proc
-    rc = proc.wait(timeout=1500)
-    assert rc == 0, f"{run} exited with {rc}:\n" + (root / f"{run}.log").read_text()[-3000:]
-    return json.loads((root / run / "metrics.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +83,8 @@ def test_moe_export_gathers_both_ranks_experts_and_matches_the_engine(workspace_
     assert payload["moe"] == {"num_experts": 4, "top_k": 1}
     state = payload["state_dict"]
     assert not [k for k in state if "deepspeed" in k]
-    engine_dir = run / "checkpoints" / "step-00000004" / "dense" / "engine"
+    exported = f"step-{int(metrics['best_step']):08d}"  # the best state's checkpoint (kept from pruning)
+    engine_dir = run / "checkpoints" / exported / "dense" / "engine"
     # experts 0-1 were trained on rank 0, 2-3 on rank 1: each equals DeepSpeed's own file of it
     for layer in (0, 1):
         for expert in range(4):
@@ -132,11 +104,14 @@ def test_moe_export_gathers_both_ranks_experts_and_matches_the_engine(workspace_
     assert isinstance(bundle.model.blocks[1].ffn, MixtureOfExperts)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 900) -> None:
+def _wait_for_checkpoint(ckpt: Path, proc: subprocess.Popen, min_step: int, timeout: float = 900) -> None:
+    """Until ``latest`` names a checkpoint of step >= ``min_step`` (step 0 is the untrained model's: the best
+    state so far, checkpointed for export)."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended before {path.name} appeared"
-        assert time.monotonic() < deadline, f"no {path} after {timeout}s"
+    latest = ckpt / "latest"
+    while not (latest.exists() and int(latest.read_text().removeprefix("step-")) >= min_step):
+        assert proc.poll() is None, f"the run ended before a checkpoint of step {min_step}"
+        assert time.monotonic() < deadline, f"no checkpoint of step {min_step} after {timeout}s"
         time.sleep(0.2)
 
 
@@ -146,7 +121,7 @@ def test_killed_rank_and_crash_mid_checkpoint_resume_to_the_unbroken_result(work
 
     # 1. SIGKILL rank 1 right after the first checkpoint (step 10 of ~38) is committed
     proc = gemflow_train(workspace_root, "full-faults", 2, FULL, background=True)
-    _wait_for(ckpt / "latest", proc)
+    _wait_for_checkpoint(ckpt, proc, min_step=10)
     rank1 = int((run / "ranks" / "rank-1.pid").read_text())
     os.kill(rank1, signal.SIGKILL)
     assert proc.wait(timeout=600) != 0
@@ -160,13 +135,14 @@ def test_killed_rank_and_crash_mid_checkpoint_resume_to_the_unbroken_result(work
     proc = gemflow_train(workspace_root, "full-faults", 2, FULL, env=env, background=True)
     assert proc.wait(timeout=1500) != 0
     assert (ckpt / f".step-{next_step:08d}.tmp").is_dir()  # the half-written checkpoint is there ...
-    assert (ckpt / "latest").read_text() == first  # ... and nothing points at it
+    committed = (ckpt / "latest").read_text()  # `first`, or the best state's checkpoint at epoch 1's end
+    assert first <= committed < f"step-{next_step:08d}"  # ... and nothing points at it
     assert not (ckpt / f"step-{next_step:08d}").exists()
 
     # 3. relaunch: resumes from the committed checkpoint, finishes, same result as never failing
     resumed = gemflow_train(workspace_root, "full-faults", 2, FULL)
     log = (workspace_root / "full-faults.log").read_text()
-    assert f"resumed from {first}" in log
+    assert f"resumed from {committed}" in log
     assert not (ckpt / f".step-{next_step:08d}.tmp").exists()
     assert resumed["valid_ne"] == pytest.approx(unbroken_full["valid_ne"], rel=1e-9, abs=0)
     assert resumed["test_ne"] == pytest.approx(unbroken_full["test_ne"], rel=1e-9, abs=0)

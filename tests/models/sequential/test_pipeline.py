@@ -34,7 +34,7 @@ def test_order_only_log_to_the_table(tmp_path):
     )
     day = json.loads(out)["first_day"]  # an order-only log lands in one day
     _cli("ingest", "--date", day, "--workspace", ws)
-    _cli("build-training-set", "--name", "loo", "--set", "split=leave-one-out", "--set", "join_features=false",
+    _cli("build-training-set", "--name", "loo", "--split", "leave-one-out", "--set", "join_features=false",
          "--workspace", ws)  # fmt: skip
     sets = [arg for item in SMALL for arg in ("--set", item)]
     trained = _cli("train", "-m", "user", "-t", "loo", "-c", str(REPO_ROOT / "configs" / "sequential.yaml"),

@@ -80,3 +80,14 @@ def test_the_objective_follows_the_split_and_multi_process_training_says_why_not
     assert isinstance(make_task(click, ws), ClickTask)
     with pytest.raises(ValueError, match="trains in one process"):
         prepare(cfg, ws)  # what the DeepSpeed trainer builds on
+
+
+def test_a_time_split_set_re_split_leave_one_out_trains_for_the_next_item(tmp_path):
+    """``split_mode: leave_one_out`` re-splits a labelled time-split set per user (its last positives): "auto"
+    then means the next-item objective, as on a set built leave-one-out."""
+    from models.train import resolve_objective
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"split": "time"}))
+    assert resolve_objective(load_config(TrainRunConfig, None, {}), tmp_path) == "click"
+    resplit = load_config(TrainRunConfig, None, {"split_mode": "leave_one_out"})
+    assert resolve_objective(resplit, tmp_path) == "next_item"
