@@ -12,7 +12,9 @@ all (a recompile per step would cost more than it saves). Instances of one class
 (modules are inlined: their parameters are graph inputs), so L blocks compile once.
 
 Measured on a 2-core AMD EPYC (Zen 5, AVX-512 BF16, no AMX), heavily shared (load ~8), bf16, 1 thread: the dense
-tower alone (``bench/compile_tower.py``, d_model 256, alternating steps) 1.11x faster in CPU time per step; whole
+tower alone (``bench/compile_tower.py``, alternating steps, CPU time per step) 1.11x, 0.95x and 1.02x at d_model
+256 in three runs, 1.06x at 512: no gain beyond the noise (the regions are GEMM-bound; the non-GEMM time sits in
+the eager attention and its bias gradients); whole
 training steps (``bench/train.py``) no measurable gain (0.84-0.89x CPU tokens/s, within the noise), and each new
 token-count range (inductor guards such as ``4097 <= tokens``, e.g. an epoch's short last step) recompiles once.
 So the default stays ``off``; a cold compile of all regions takes ~70 s there, ~13 s from the cache.
