@@ -15,7 +15,7 @@ Measured on a 2-core AMD EPYC (Zen 5, AVX-512 BF16, no AMX), heavily shared (loa
 tower alone (``bench/compile_tower.py``, alternating steps, CPU time per step) 1.11x, 0.95x and 1.02x at d_model
 256 in three runs, 1.06x at 512: no gain beyond the noise (the regions are GEMM-bound; the non-GEMM time sits in
 the eager attention and its bias gradients); whole
-training steps (``bench/train.py``) no measurable gain (0.84-0.89x CPU tokens/s, within the noise), and each new
+training steps (``bench/train.py``) no measurable gain (CPU tokens/s 0.84-0.89x at d 256, 0.92-1.00x at 512), and each new
 token-count range (inductor guards such as ``4097 <= tokens``, e.g. an epoch's short last step) recompiles once.
 So the default stays ``off``; a cold compile of all regions takes ~70 s there, ~13 s from the cache.
 
