@@ -12,6 +12,9 @@
 #   bf16 vs FP8 (torchao's tensorwise recipe when torchao is importable, else the same recipe on
 #   torch._scaled_mm: models.distributed.fp8.ScaledMMLinear), MFU vs the measured bf16 GEMM peak, NE on held-out
 #   data, and the goals checked: MFU >= 35% in bf16, FP8 >= 1.3x bf16 tokens/s, NE within 1%.
+# Both paths also run bf16 with the dense tower's per-token work compiled (models.compile: torch.compile,
+# inductor/Triton; attention stays on its own kernels) and print MFU eager vs compiled, plus the compile time.
+# Inductor's cache goes to $OUT/inductor-cache (a second run of this script reuses it).
 # Works with the GPU image's older torch (2.11: only torch, numpy and triton are needed on the degraded path).
 # Every step says which path ran and why; nothing is silently skipped.
 set -uo pipefail
@@ -20,6 +23,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gemflow-gpu-train}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MLFLOW_DISABLE_TELEMETRY=true
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$OUT/inductor-cache}
 
 echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no GPU visible: stop"; exit 2; }
@@ -56,29 +60,37 @@ BF16_PEAK=$("$PY" -c "import json;print(json.load(open('$OUT/peak.json'))['bf16_
 
 FULL=$("$PY" -c "import json;e=json.load(open('$OUT/env.json'));print(int(all(e[m] for m in ('torchrec','fbgemm_gpu','deepspeed','torchao','pandas','pyarrow'))))")
 if [ "$FULL" = "1" ]; then
-  echo "== full path: gemflow train --model user --nproc 1 (bf16, then FP8)"
+  echo "== full path: gemflow train --model user --nproc 1 (bf16, FP8, then bf16 compiled)"
   WS="$OUT/ws"
   "$PY" -c "from pathlib import Path; from tests.models.distributed.conftest import write_learnable_set as w; w(Path('$WS/training/gpu'), num_users=3000)"
-  for RECIPE in none tensorwise; do
+  for RUN in none tensorwise none-compiled; do
+    RECIPE=${RUN%-compiled}; COMPILE=off; [ "$RUN" = none-compiled ] && COMPILE=on
     timeout 900 "$PY" -m gemflow.cli train --model user --training-set gpu --workspace "$WS" --nproc 1 \
-      --set output_dir="$OUT/run-$RECIPE" --set resume=false --set tracking.enabled=false \
+      --set output_dir="$OUT/run-$RUN" --set resume=false --set tracking.enabled=false --set distributed.compile=$COMPILE \
       --set user_model.d_model=1024 --set user_model.num_heads=8 --set user_model.max_history=1024 \
       --set distributed.tokens_per_step=65536 --set distributed.max_steps=60 --set optim.epochs=50 \
       --set distributed.fp8.recipe=$RECIPE --set distributed.peak_tflops="$BF16_PEAK" \
-      --set distributed.checkpoint.every_steps=0 > "$OUT/run-$RECIPE.log" 2>&1 \
-      || { echo "run $RECIPE failed: tail of $OUT/run-$RECIPE.log"; tail -30 "$OUT/run-$RECIPE.log"; }
+      --set distributed.checkpoint.every_steps=0 > "$OUT/run-$RUN.log" 2>&1 \
+      || { echo "run $RUN failed: tail of $OUT/run-$RUN.log"; tail -30 "$OUT/run-$RUN.log"; }
   done
   "$PY" - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print(f"{'recipe':<11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'valid NE':>9}")
-for recipe in ("none", "tensorwise"):
-    run = out / f"run-{recipe}"
+print(f"{'run':<14} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'valid NE':>9} {'1st step s':>10} {'compile s':>9}")
+res = {}
+for name in ("none", "tensorwise", "none-compiled"):
+    run = out / f"run-{name}"
     if not (run / "perf.json").exists():
-        print(f"{recipe:<11} (no result: see {run}.log)"); continue
+        print(f"{name:<14} (no result: see {run}.log)"); continue
     p, m = json.loads((run / "perf.json").read_text()), json.loads((run / "metrics.json").read_text())
-    print(f"{recipe:<11} {p['tokens_per_second']:>10.0f} {p['model_tflops_per_second']:>8.1f} {p['mfu']:>6.1%} {m['valid_ne']:>9.4f}")
+    res[name] = (p, m)
+    print(f"{name:<14} {p['tokens_per_second']:>10.0f} {p['model_tflops_per_second']:>8.1f} {p['mfu']:>6.1%} {m['valid_ne']:>9.4f}"
+          f" {p.get('first_step_seconds', float('nan')):>10.1f} {p.get('compile_seconds', float('nan')):>9.1f}")
+if "none" in res and "none-compiled" in res:
+    (e, em), (c, cm) = res["none"], res["none-compiled"]
+    print(f"MFU bf16 eager {e['mfu']:.1%} vs compiled {c['mfu']:.1%} ({c['tokens_per_second'] / e['tokens_per_second']:.2f}x tokens/s); "
+          f"valid NE {em['valid_ne']:.4f} vs {cm['valid_ne']:.4f} ({cm['valid_ne'] / em['valid_ne'] - 1:+.2%})")
 PY
   exit 0
 fi
@@ -134,11 +146,14 @@ FP8 = "fp8-torchao" if importlib.util.find_spec("torchao") else "fp8-scaled_mm"
 print(f"FP8 path: {FP8} ({'torchao tensorwise' if FP8 == 'fp8-torchao' else 'no torchao: torch._scaled_mm, the same tensorwise recipe'})")
 def in_blocks(m, n):
     return n.startswith("blocks.") and m.in_features % 16 == 0 and m.out_features % 16 == 0
-for recipe in ("bf16", FP8):
+from models.compile import compile_dense
+for recipe in ("bf16", FP8, "bf16-compiled"):
     for backend in ("triton", "jagged"):
         try:
             torch.manual_seed(0)
             model = Tower(backend).to(dev)
+            if recipe == "bf16-compiled":  # the blocks' per-token halves; attention stays on its kernels
+                print("compiled regions:", compile_dense(model, "on"))
             if recipe == "fp8-torchao":
                 from torchao.float8 import Float8LinearConfig, convert_to_float8_training
                 convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"),
@@ -149,13 +164,15 @@ for recipe in ("bf16", FP8):
             model = model.to(torch.bfloat16)
             opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
             gen = torch.Generator().manual_seed(1)
-            times, fl = [], []
+            times, fl, first = [], [], None
             for step in range(60):
                 ids, offsets, target, y, lens = batch(gen)
                 torch.cuda.synchronize(); t0 = time.perf_counter()
                 loss = nn.functional.binary_cross_entropy_with_logits(model(ids, offsets, target).float(), y)
                 loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
                 torch.cuda.synchronize()
+                if step == 0:
+                    first = time.perf_counter() - t0  # includes compiling, for the compiled run
                 if step >= 5:
                     times.append(time.perf_counter() - t0); fl.append(flops(lens))
             gen_eval = torch.Generator().manual_seed(99); preds, labels = [], []
@@ -166,14 +183,19 @@ for recipe in ("bf16", FP8):
             ne = normalized_entropy(torch.cat(labels).numpy(), torch.cat(preds).numpy())
             tflops = sum(fl) / sum(times)
             results[recipe] = {"attention_backend": backend, "tokens_per_second": TOKENS * len(times) / sum(times),
-                               "model_tflops_per_second": tflops / 1e12, "mfu_vs_bf16_peak": tflops / peak, "heldout_ne": ne}
+                               "model_tflops_per_second": tflops / 1e12, "mfu_vs_bf16_peak": tflops / peak, "heldout_ne": ne,
+                               "first_step_seconds": first}
             break
         except Exception as err:
             print(f"{recipe} with attention backend {backend!r} failed: {type(err).__name__}: {str(err)[:300]}")
-print(f"{'recipe':<15} {'backend':<8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'NE':>7}")
+print(f"{'recipe':<15} {'backend':<8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'NE':>7} {'1st step s':>10}")
 for name, r in results.items():
     print(f"{name:<15} {r['attention_backend']:<8} {r['tokens_per_second']:>10.0f} {r['model_tflops_per_second']:>8.1f} "
-          f"{r['mfu_vs_bf16_peak']:>6.1%} {r['heldout_ne']:>7.4f}")
+          f"{r['mfu_vs_bf16_peak']:>6.1%} {r['heldout_ne']:>7.4f} {r['first_step_seconds']:>10.1f}")
+if "bf16" in results and "bf16-compiled" in results:
+    e, c = results["bf16"], results["bf16-compiled"]
+    print(f"MFU bf16 eager {e['mfu_vs_bf16_peak']:.1%} vs compiled {c['mfu_vs_bf16_peak']:.1%} "
+          f"({c['tokens_per_second'] / e['tokens_per_second']:.2f}x tokens/s); NE {e['heldout_ne']:.4f} vs {c['heldout_ne']:.4f}")
 (out / "degraded.json").write_text(json.dumps(results, indent=2))
 bf16, fp8 = results.get("bf16"), results.get(FP8)
 if bf16:

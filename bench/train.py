@@ -21,6 +21,13 @@ Per configuration it also prints where rank 0's step goes (sparse forward, dense
 step; CPU | wall ms), from ``perf.json`` (``GEMFLOW_PROFILE_DIR=<dir>`` adds a torch.profiler table per rank).
 FP8 vs bf16 at 2 ranks: throughput ratio and NE, and which float8 GEMM ran (on CPU the faster of torch._scaled_mm
 and its bf16 emulation, measured at launch; ``--fp8-cpu-gemm scaled_mm|emulated`` forces one).
+Step account (``distributed.step_account``, on unless ``--no-account``): every rank profiles steps 4-7 and
+splits them into GEMM (the profiler's matmul kernels), attention, embedding lookups, optimizer, communication
+and other (``models.distributed.step_account``); printed per rank with the share of the step outside GEMMs.
+Those profiled steps are left out of the throughput figures.
+Compiled configurations (``distributed.compile=on``: ``models.compile``) run the same steps with the dense
+tower's per-token work compiled by inductor; their first step (compile) is printed apart, and the NE of
+compiled vs eager at the same seed (goal: within 0.2%). ``--only`` picks configurations by name.
 Goals on this 2-core CPU: MFU >= 30% of the bf16 peak at d_model >= 256; scaling efficiency >= 0.8.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
 machine (about 2-3 minutes: five launches of ~20-30 s each, the emulated-FP8 one ~40 s).
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -44,6 +52,7 @@ from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
 from models.distributed.launch import launch  # noqa: E402
 from models.distributed.mfu import measure_matmul_peak  # noqa: E402
+from models.distributed.step_account import CATEGORIES  # noqa: E402
 from tests.models.distributed.conftest import write_learnable_set  # noqa: E402
 
 PHASES = ("sparse_forward", "dense_forward", "backward", "optimizer_step")  # the trainer's step phases
@@ -53,7 +62,25 @@ CONFIGS = {  # name -> (nproc, threads per rank, overrides)
     "2 ranks x 1 core, ZeRO-0": (2, 1, {"distributed.zero_stage": "0"}),  # plain data parallel
     "1 rank x 2 cores, bf16": (1, 2, {}),
     "2 ranks x 1 core, FP8": (2, 1, {"distributed.fp8.recipe": "tensorwise"}),
+    "1 rank x 1 core, compiled": (1, 1, {"distributed.compile": "on"}),
+    "2 ranks x 1 core, compiled": (2, 1, {"distributed.compile": "on"}),
 }
+COMPILED_VS_EAGER = {"1 rank x 1 core, compiled": "1 rank x 1 core, bf16", "2 ranks x 1 core, compiled": "2 ranks x 1 core, bf16"}  # fmt: skip
+
+
+def cpu_model() -> str:
+    """The CPU's model name, family/model numbers and bf16 GEMM hardware (AMX tiles, AVX-512 BF16, neither)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    bf16 = (
+        "AMX" if "amx_bf16" in flags else "AVX-512 BF16, no AMX" if "avx512_bf16" in flags else "no bf16 ISA"
+    )
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; {bf16})"
 
 
 def run_config(
@@ -82,6 +109,7 @@ def run_config(
             "distributed.nproc": str(nproc),
             "distributed.threads_per_rank": str(threads),
             "distributed.peak_tflops": str(core_peak * nproc * threads),  # the cores this run uses
+            "distributed.step_account": str(args.account).lower(),
             **overrides,
         },
     )
@@ -125,6 +153,12 @@ def main() -> None:
         choices=("auto", "scaled_mm", "emulated"),
         help="the FP8 configuration's float8 GEMM on CPU (distributed.fp8.cpu_gemm)",
     )
+    parser.add_argument(
+        "--no-account",
+        dest="account",
+        action="store_false",
+        help="no step account (no profiled steps: all steps after warm-up are timed)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--only", nargs="*", default=None, help="subset of the configuration names")
     args = parser.parse_args()
@@ -139,6 +173,7 @@ def main() -> None:
         for cpu in (False, True)
     }
     bf16_wall, bf16_cpu = peaks[(torch.bfloat16, False)], peaks[(torch.bfloat16, True)]
+    print(f"CPU: {cpu_model()}")
     print(f"1-core GEMM peak, GFLOP/s per wall second | per CPU second: bf16 {bf16_wall * 1e3:.1f} | "
           f"{bf16_cpu * 1e3:.1f}, fp32 {peaks[(torch.float32, False)] * 1e3:.1f} | "
           f"{peaks[(torch.float32, True)] * 1e3:.1f}\nd_model={args.d_model}, {args.layers} layers, {args.steps} steps of "
@@ -158,6 +193,10 @@ def main() -> None:
               f"{r['tokens_per_critical_cpu_second']:.0f} (cpu)", flush=True)  # fmt: skip
         if r.get("fp8_gemm"):
             print(f"  float8 GEMM that ran: {fp8_gemm_line(r)}", flush=True)
+        if r.get("compile", "off") != "off":
+            print(f"  compile: first step {r['first_step_seconds']:.1f} s (median step {r['step_seconds_median']:.2f} s), "
+                  f"compiler {r['compile_seconds']:.1f} s on rank 0 (dynamo + inductor, incl. the step-0 evaluation's graphs)",
+                  flush=True)  # fmt: skip
 
     print(f"\n{'configuration':<26} {'tok/s wall':>10} {'MFU wall':>8} {'tok/s cpu':>9} {'MFU cpu':>7} "
           f"{'step s':>7} {'tok imbal':>9} {'cpu imbal':>9} {'valid NE':>9}")  # fmt: skip
@@ -170,13 +209,17 @@ def main() -> None:
         ph = r.get("phase_seconds_mean", {})
         parts = [f"{k} {ph.get(f'cpu_{k}', 0) * 1e3:.0f}|{ph.get(f'wall_{k}', 0) * 1e3:.0f}" for k in PHASES]
         print(f"  {name:<26} " + ", ".join(parts))
-    one, two = results.get("1 rank x 1 core, bf16"), results.get("2 ranks x 1 core, bf16")
-    for name in ("2 ranks x 1 core, bf16", "2 ranks x 1 core, ZeRO-0"):
+    print_accounts(results)
+    two = results.get("2 ranks x 1 core, bf16")
+    for name, one_name in (("2 ranks x 1 core, bf16", "1 rank x 1 core, bf16"),
+                           ("2 ranks x 1 core, ZeRO-0", "1 rank x 1 core, bf16"),
+                           ("2 ranks x 1 core, compiled", "1 rank x 1 core, compiled")):  # fmt: skip
+        one = results.get(one_name)
         if one and name in results:
             r = results[name]
             wall = r["tokens_per_second"] / (2 * one["tokens_per_second"])
             cpu = r["tokens_per_critical_cpu_second"] / (2 * one["tokens_per_critical_cpu_second"])
-            print(f"scaling efficiency, {name} vs 2 x (1 rank x 1 core): wall {wall:.2f}, cpu {cpu:.2f} "
+            print(f"scaling efficiency, {name} vs 2 x ({one_name}): wall {wall:.2f}, cpu {cpu:.2f} "
                   f"(goal >= 0.8)")  # fmt: skip
     fp8 = results.get("2 ranks x 1 core, FP8")
     if two and fp8:
@@ -184,10 +227,46 @@ def main() -> None:
               f"cpu {fp8['tokens_per_critical_cpu_second'] / two['tokens_per_critical_cpu_second']:.2f}x; "
               f"valid NE bf16 {two['valid_ne']:.4f} vs FP8 {fp8['valid_ne']:.4f} "
               f"({(fp8['valid_ne'] / two['valid_ne'] - 1):+.2%}); float8 GEMM: {fp8_gemm_line(fp8)}")  # fmt: skip
-    bf16 = [r for name, r in results.items() if "bf16" in name]
+    for name, eager_name in COMPILED_VS_EAGER.items():
+        if name in results and eager_name in results:
+            c, e = results[name], results[eager_name]
+            print(f"compiled / eager, {eager_name}: tokens/s wall {c['tokens_per_second'] / e['tokens_per_second']:.2f}x, "
+                  f"cpu {c['tokens_per_critical_cpu_second'] / e['tokens_per_critical_cpu_second']:.2f}x; valid NE "
+                  f"{e['valid_ne']:.4f} -> {c['valid_ne']:.4f} ({c['valid_ne'] / e['valid_ne'] - 1:+.2%}, goal within 0.2%)")  # fmt: skip
+    bf16 = [r for name, r in results.items() if "bf16" in name or "compiled" in name]
     if bf16:
         print(f"best bf16 MFU: wall {max(r['mfu'] for r in bf16):.1%}, cpu {max(r['mfu_cpu'] for r in bf16):.1%} "
               f"of the bf16 peak of the cores used (goal >= 30% at d_model >= 256)")  # fmt: skip
+
+
+def print_accounts(results: dict) -> None:
+    """Per configuration and rank: ms per profiled step in each category, and the share outside GEMMs."""
+    rows = [
+        (name, rank, a)
+        for name, r in results.items()
+        for rank, a in enumerate(r.get("step_account") or [])
+        if a
+    ]
+    if not rows:
+        return
+    print(
+        "\nstep account (profiled steps 4-7, ms per step; wall, so a rank's communication includes waiting):"
+    )
+    print(
+        f"{'configuration':<26} {'rank':>4} {'step':>7} "
+        + " ".join(f"{c:>9}" for c in CATEGORIES)
+        + f" {'non-GEMM':>8}"
+    )
+    for name, rank, a in rows:
+        ms = a["seconds_per_step"]
+        print(f"{name:<26} {rank:>4} {a['profiled_step_seconds'] * 1e3:>7.0f} "
+              + " ".join(f"{ms[c] * 1e3:>9.0f}" for c in CATEGORIES) + f" {a['non_gemm_share']:>8.1%}")  # fmt: skip
+    for name, r in results.items():
+        acc = [a for a in r.get("step_account") or [] if a]
+        if acc:
+            print(f"  {name}: profiled step {acc[0]['profiled_step_seconds']:.3f} s vs unprofiled median "
+                  f"{r['step_seconds_median']:.3f} s (profiler overhead); share outside GEMMs, rank 0: "
+                  f"{acc[0]['non_gemm_share']:.1%} (goal <= 40%)")  # fmt: skip
 
 
 if __name__ == "__main__":

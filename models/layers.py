@@ -144,8 +144,16 @@ class JaggedSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor | None
     ) -> torch.Tensor:
+        return self.out(self.attend(*self.project(x), offsets, timestamps))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(total, d) -> q, k, v (total, H, D): per-token work, compiled with the norm before it."""
         total, dim = x.shape
-        q, k, v = self.qkv(x).view(total, 3, self.heads, dim // self.heads).unbind(1)
+        return self.qkv(x).view(total, 3, self.heads, dim // self.heads).unbind(1)
+
+    def attend(self, q, k, v, offsets: torch.Tensor, timestamps: torch.Tensor | None) -> torch.Tensor:
+        """Attention within each sequence (eager: data-dependent buckets) -> (total, d) before ``out``."""
+        total, heads, head_dim = q.shape
         y = dispatch.jagged_self_attention(
             q,
             k,
@@ -157,11 +165,18 @@ class JaggedSelfAttention(nn.Module):
             time_bias=self.time_bias if timestamps is not None else None,
             timestamps=timestamps,
         )
-        return self.out(y.reshape(total, dim))
+        return y.reshape(total, heads * head_dim)
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm: x + attn(norm(x)); x + ffn(norm(x))."""
+    """Pre-norm: x + attn(norm(x)); x + ffn(norm(x)).
+
+    Split at the attention call into two per-token halves (``project_qkv``, ``finish``) that
+    ``models.compile.compile_dense`` compiles (norm + projection, out projection + residual + norm + FFN + residual
+    fused); the jagged attention between them stays eager.
+    """
+
+    COMPILABLE = ("project_qkv", "finish")
 
     def __init__(self, dim, heads, ffn_mult, dropout, *, causal, max_rel_pos, time_buckets, backend):
         super().__init__()
@@ -174,7 +189,13 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, offsets, timestamps=None):
-        x = x + self.drop(self.attn(self.norm1(x), offsets, timestamps))
+        return self.finish(x, self.attn.attend(*self.project_qkv(x), offsets, timestamps))
+
+    def project_qkv(self, x):
+        return self.attn.project(self.norm1(x))
+
+    def finish(self, x, attended):
+        x = x + self.drop(self.attn.out(attended))
         return x + self.ffn(self.norm2(x))
 
 
@@ -205,18 +226,28 @@ class CrossAttention(nn.Module):
         return k, v
 
     def forward(self, queries, q_offsets, kv: tuple[torch.Tensor, torch.Tensor], kv_offsets) -> torch.Tensor:
+        return self.out(self.attend(self.project_q(queries), q_offsets, kv, kv_offsets))
+
+    def project_q(self, queries: torch.Tensor) -> torch.Tensor:
         total, dim = queries.shape
-        q = self.q(queries).view(total, self.heads, dim // self.heads)
+        return self.q(queries).view(total, self.heads, dim // self.heads)
+
+    def attend(self, q, q_offsets, kv: tuple[torch.Tensor, torch.Tensor], kv_offsets) -> torch.Tensor:
+        """Jagged cross-attention (eager) -> (total_q, d) before ``out``."""
+        total, heads, head_dim = q.shape
         k, v = kv
         y = dispatch.jagged_cross_attention(q, q_offsets, k, v, kv_offsets, backend=self.backend)
-        return self.out(y.reshape(total, dim))
+        return y.reshape(total, heads * head_dim)
 
 
 class TargetAwareBlock(nn.Module):
     """Each candidate (query) attends over its user's context tokens; pre-norm, residual, FFN.
 
     The context is normalized and projected to K/V once (``context_kv``); ``forward`` only touches queries.
+    Its per-token halves (``context_kv``, ``project_query``, ``finish``) are what ``compile_dense`` compiles.
     """
+
+    COMPILABLE = ("context_kv", "project_query", "finish")
 
     def __init__(self, dim: int, heads: int, ffn_mult: int, dropout: float, backend: str):
         super().__init__()
@@ -230,7 +261,13 @@ class TargetAwareBlock(nn.Module):
         return self.attn.project_kv(self.norm_ctx(context))
 
     def forward(self, q, q_offsets, kv, kv_offsets):
-        q = q + self.attn(self.norm_q(q), q_offsets, kv, kv_offsets)
+        return self.finish(q, self.attn.attend(self.project_query(q), q_offsets, kv, kv_offsets))
+
+    def project_query(self, q):
+        return self.attn.project_q(self.norm_q(q))
+
+    def finish(self, q, attended):
+        q = q + self.attn.out(attended)
         return q + self.ffn(self.norm2(q))
 
 

@@ -185,6 +185,11 @@ class UserModel(nn.Module):
         kv_offsets = torch.arange(b + 1, device=cand.device) * k
         kv = self.target.context_kv(user_tokens.reshape(b * k, d))
         read = self.target(cand, cands.offsets, kv, kv_offsets)
+        return self.head_logits(read, cand)
+
+    COMPILABLE = ("head_logits",)  # models.compile.compile_dense; the blocks list their own
+
+    def head_logits(self, read: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         return self.head(torch.cat([read, cand, read * cand], -1))  # the product exposes matches
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from functools import cache
 from typing import Literal
 
 import torch
+from torch.profiler import record_function
 
 Backend = Literal["auto", "reference", "jagged", "padded_sdpa", "triton"]
 _MODULES = {
@@ -44,9 +45,14 @@ def _op(backend: Backend, device: torch.device, name: str):
     return getattr(module, name)
 
 
+# Each call is a profiler span: the step account (models.distributed.step_account) books its ops to attention.
+@torch.compiler.disable  # data-dependent buckets and Python loops: compiled regions stop at the attention call
 def jagged_self_attention(q, k, v, offsets, *, backend: Backend = "auto", **kwargs) -> torch.Tensor:
-    return _op(backend, q.device, "jagged_self_attention")(q, k, v, offsets, **kwargs)
+    with record_function("gemflow.attention"):
+        return _op(backend, q.device, "jagged_self_attention")(q, k, v, offsets, **kwargs)
 
 
+@torch.compiler.disable
 def jagged_cross_attention(q, q_offsets, k, v, kv_offsets, *, backend: Backend = "auto") -> torch.Tensor:
-    return _op(backend, q.device, "jagged_cross_attention")(q, q_offsets, k, v, kv_offsets)
+    with record_function("gemflow.attention"):
+        return _op(backend, q.device, "jagged_cross_attention")(q, q_offsets, k, v, kv_offsets)

@@ -14,6 +14,7 @@ FP8_CPU_GEMMS = ("auto", "scaled_mm", "emulated")  # models.distributed.fp8_gemm
 SHARDINGS = ("table_wise", "row_wise")
 SPARSE_COMMS = ("auto", "fp32", "bf16")
 LAUNCHERS = ("torchrun", "deepspeed")
+COMPILE_MODES = ("off", "on", "auto")  # models.compile
 
 
 @dataclass
@@ -73,9 +74,20 @@ class DistributedConfig:
     eval_every: int = 0  # steps between validation passes; 0 = at the end of every epoch
     peak_tflops: float = 0.0  # machine matmul peak for MFU; 0 = the launcher measures it (bf16 or fp32)
     master_port: int = 0  # 0 = a free port
+    # torch.compile of the dense tower's per-token work (norm + projections, FFN, residuals, head; attention stays
+    # eager): "off"; "on" (errors surface); "auto" (a probe compiles a tiny block first; if inductor cannot build,
+    # one logged line and eager). Off by default: see models/compile.py for what it measured on CPU.
+    compile: str = "off"
+    # profile steps [4, 8) and write where each rank's step goes (GEMM, attention, embedding, optimizer,
+    # communication, other: models.distributed.step_account) to perf.json; those steps leave the throughput figures
+    step_account: bool = False
     moe: MoEConfig = field(default_factory=MoEConfig)
     fp8: Float8Config = field(default_factory=Float8Config)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self):
+        # YAML reads a bare on/off as a boolean (and the str field then holds "True"/"False"): take it as meant
+        self.compile = {"true": "on", "false": "off"}.get(str(self.compile).lower(), self.compile)
 
 
 def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int) -> None:
@@ -92,6 +104,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
         raise ValueError(f"distributed.zero_stage must be 0, 1 or 2, got {cfg.zero_stage}")
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"distributed.precision must be 'bf16' or 'fp32', got {cfg.precision!r}")
+    if cfg.compile not in COMPILE_MODES:
+        raise ValueError(f"distributed.compile must be one of {COMPILE_MODES}, got {cfg.compile!r}")
     if cfg.sparse_comm not in SPARSE_COMMS:
         raise ValueError(f"distributed.sparse_comm must be one of {SPARSE_COMMS}, got {cfg.sparse_comm!r}")
     if cfg.sharding not in SHARDINGS:

@@ -37,6 +37,7 @@ from torch.profiler import record_function
 
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
+from models.compile import compile_dense, compile_seconds
 from models.config import TrainRunConfig
 from models.distributed.batching import Step, example_costs, plan_epoch
 from models.distributed.checkpoint import CheckpointStore, load_state, save_state, weights_only_engine_loads
@@ -48,6 +49,7 @@ from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
 from models.distributed.sparse import SparseLookup
+from models.distributed.step_account import account
 from models.loop import LoopConfig, LoopState, run_loop
 from models.metrics import binary_metrics
 
@@ -144,6 +146,7 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
         swap_in_moe(model.blocks, cfg.user_model.ffn, dc.moe, rank=rank, seed=cfg.optim.seed)
     tower = DenseTower(model)
     fp8_modules = convert_to_float8(tower, dc.fp8)
+    compile_dense(tower.model, dc.compile)  # after FP8: compiled regions call whatever Linears are in place
     comm = dc.sparse_comm
     if comm == "auto":
         comm = "bf16" if device.type == "cuda" and dc.precision == "bf16" else "fp32"
@@ -369,8 +372,10 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
         strategy.end(state)
         cpu_by_rank = [None] * p.world  # every rank's per-step CPU seconds: the critical path of each step
         dist.all_gather_object(cpu_by_rank, [r["cpu_seconds"] for r in strategy.stats])
+        accounts = [None] * p.world  # every rank's step account (empty unless distributed.step_account)
+        dist.all_gather_object(accounts, strategy.profiler.account)
         if rank0:
-            _write_perf(p, run_dir, strategy.stats, cpu_by_rank)
+            _write_perf(p, run_dir, strategy.stats, cpu_by_rank, accounts)
         return _finish(p, run_dir, store, state, tracker)
     except BaseException:
         if tracker is not None:
@@ -389,7 +394,7 @@ class DeepSpeedStrategy:
         self.num_dense = len(p.setup.bundle.dense.columns)
         self.recent: list[dict] = []  # step stats not logged yet
         self.stats: list[dict] = []  # every step this launch ran (perf.json)
-        self.profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank)
+        self.profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank, p.cfg.distributed.step_account)
         self.saved_step = -1
 
     def epoch_steps(self, epoch: int) -> list[Step]:
@@ -409,7 +414,8 @@ class DeepSpeedStrategy:
             p.engine.step()
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         stats = _step_stats(p, step, loss.item(), parts, elapsed, self.num_dense)
-        self.recent.append(stats | {"cpu_seconds": cpu, **p.clock.as_dict()})
+        profiled = self.profiler.prof is not None  # profiler overhead: perf.json leaves the step out
+        self.recent.append(stats | {"cpu_seconds": cpu, "profiled": profiled, **p.clock.as_dict()})
         self.stats.append(self.recent[-1])
         if (i + 1) % oc.log_every == 0:
             self.flush_logs(i + 1)
@@ -452,26 +458,35 @@ class DeepSpeedStrategy:
 
 
 class _StepProfiler:
-    """torch.profiler over a window of steps when ``GEMFLOW_PROFILE_DIR`` is set (off: does nothing)."""
+    """torch.profiler over a window of steps when ``GEMFLOW_PROFILE_DIR`` is set and/or ``step_account`` (the
+    step account, kept in ``self.account``); neither: does nothing."""
 
-    def __init__(self, folder: str | None, rank: int):
+    def __init__(self, folder: str | None, rank: int, step_account: bool = False):
         self.folder, self.rank, self.prof = Path(folder) if folder else None, rank, None
+        self.step_account, self.account, self.steps = step_account, {}, 0
 
     def at_step(self, i: int) -> None:
-        if self.folder is None:
+        if self.folder is None and not self.step_account:
             return
         if i == PROFILE_FIRST_STEP:
             from torch.profiler import ProfilerActivity, profile
 
-            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=self.folder is not None)
             self.prof.__enter__()
         elif i == PROFILE_FIRST_STEP + PROFILE_STEPS:
             self.stop()
+        if self.prof is not None:
+            self.steps += 1  # steps started inside the window
 
     def stop(self) -> None:
         if self.prof is None:
             return
         self.prof.__exit__(None, None, None)
+        if self.step_account:
+            self.account = account(self.prof.events(), max(self.steps, 1))
+        if self.folder is None:
+            self.prof = None
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
         table = self.prof.key_averages().table(
             sort_by="self_cpu_time_total", row_limit=100, max_name_column_width=70
@@ -488,7 +503,13 @@ class _StepProfiler:
 PERF_WARMUP_STEPS = 3  # the first steps pay for lazy initialisation and allocator warm-up
 
 
-def _write_perf(p: Parts, run_dir: Path, stats: list[dict], cpu_by_rank: list[list[float]]) -> None:
+def _write_perf(
+    p: Parts,
+    run_dir: Path,
+    stats: list[dict],
+    cpu_by_rank: list[list[float]],
+    accounts: list[dict] | None = None,
+) -> None:
     """Throughput and MFU of this launch's steps after warm-up (what bench/train.py reads).
 
     Wall-clock figures, and the same in CPU time for a machine shared with other work (where wall time
@@ -498,13 +519,15 @@ def _write_perf(p: Parts, run_dir: Path, stats: list[dict], cpu_by_rank: list[li
     communication latency), so tokens over it give the quiet-machine throughput.
     """
     first = PERF_WARMUP_STEPS if len(stats) > PERF_WARMUP_STEPS else 0
-    timed = stats[first:]
+    # steps under the profiler (distributed.step_account) pay its overhead: left out of the figures
+    kept = [i for i in range(first, len(stats)) if not stats[i].get("profiled")]
+    timed = [stats[i] for i in kept]
     if not timed:
         return
     seconds = sum(r["seconds"] for r in timed)
     flops = sum(r["flops"] for r in timed)
     tokens = float(np.sum([r["tokens"] for r in timed]))
-    cpu = np.array([c[first:] for c in cpu_by_rank])  # (ranks, steps)
+    cpu = np.array([[c[i] for i in kept] for c in cpu_by_rank])  # (ranks, steps)
     critical, core_seconds = float(cpu.max(0).sum()), float(cpu.sum())
     peak = p.cfg.distributed.peak_tflops * 1e12
     perf = {
@@ -530,6 +553,12 @@ def _write_perf(p: Parts, run_dir: Path, stats: list[dict], cpu_by_rank: list[li
         "fp8_gemm": p.fp8_gemm,  # which float8 GEMM ran, and the probe's GFLOP/s when rank 0 measured it
         "fp8_gemm_gflops": figures() if p.fp8_gemm else None,
         "moe_layers": len(moe_layers(p.tower)),
+        "compile": p.cfg.distributed.compile,
+        # the first step (compiles when compile is on; the step-0 evaluation compiles the inference graphs),
+        # and the compiler's own seconds (dynamo + inductor, this rank)
+        "first_step_seconds": float(stats[0]["seconds"]),
+        "compile_seconds": compile_seconds(),
+        "step_account": accounts or [],  # per rank: models.distributed.step_account.account
         # rank 0's mean seconds per step in each phase (wall includes waiting for the other ranks)
         "phase_seconds_mean": {
             k: float(np.mean([r.get(k, 0.0) for r in timed]))

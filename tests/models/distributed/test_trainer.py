@@ -14,7 +14,7 @@ from models.distributed.trainer import PERF_WARMUP_STEPS, _write_perf
 def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
     p = SimpleNamespace(
         world=2,
-        cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5)),
+        cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5, compile="off")),
         fp8_modules=[],
         fp8_gemm="",
         tower=nn.Linear(2, 2),
@@ -33,3 +33,27 @@ def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
     assert perf["tokens_per_critical_cpu_second"] == pytest.approx(200 / 5.0)
     assert perf["model_tflops_per_cpu_core_second"] == pytest.approx(2.0 / 7.0)
     assert perf["rank_cpu_imbalance_mean"] == pytest.approx((2.0 / 1.5 + 3.0 / 2.0) / 2)
+
+
+def test_profiled_steps_leave_the_throughput_and_every_ranks_account_is_kept(tmp_path):
+    p = SimpleNamespace(
+        world=2,
+        cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5, compile="on")),
+        fp8_modules=[],
+        fp8_gemm="",
+        tower=nn.Linear(2, 2),
+    )
+    steps = PERF_WARMUP_STEPS + 3
+    stats = [{"seconds": 2.0, "flops": 1e12, "tokens": [60, 40], "imbalance": 1.0} for _ in range(steps)]
+    stats[0]["seconds"] = 30.0  # the first step compiles
+    stats[PERF_WARMUP_STEPS + 1] |= {"seconds": 8.0, "profiled": True}  # profiler overhead: not timed
+    cpu_by_rank = [[1.0] * steps, [1.0] * steps]
+    cpu_by_rank[0][PERF_WARMUP_STEPS + 1] = 50.0
+    accounts = [{"non_gemm_share": 0.6}, {"non_gemm_share": 0.5}]
+    _write_perf(p, tmp_path, stats, cpu_by_rank, accounts)
+    perf = json.loads((tmp_path / "perf.json").read_text())
+    assert perf["steps_timed"] == 2
+    assert perf["tokens_per_second"] == pytest.approx(200 / 4.0)
+    assert perf["critical_cpu_seconds"] == pytest.approx(2.0)
+    assert perf["step_account"] == accounts
+    assert perf["first_step_seconds"] == 30.0 and perf["compile"] == "on"
