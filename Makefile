@@ -11,7 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean up down
 
 setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis
 
@@ -42,6 +42,16 @@ redis:
 
 demo: setup
 	bash scripts/demo.sh
+
+# The platform as a service: Airflow 3 (API server + UI, scheduler, DAG processor, triggerer), the MLflow UI and
+# the ranker endpoint, on 127.0.0.1; the DAGs run themselves. Ports and sizes: configs/embedded-platform.yaml,
+# one key at a time with UP_ARGS="--set airflow_port=8380". `make down` stops exactly what `make up` started.
+GEMFLOW_HOME ?= $(CURDIR)/workspace/platform
+up: setup
+	$(VENV)/bin/gemflow up -w $(GEMFLOW_HOME) -c configs/embedded-platform.yaml $(UP_ARGS)
+
+down:
+	$(VENV)/bin/gemflow down -w $(GEMFLOW_HOME)
 
 test: setup
 	$(VENV)/bin/ruff check .

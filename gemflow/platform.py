@@ -1,0 +1,465 @@
+"""``gemflow up`` / ``gemflow down``: the embedded platform as long-running local processes.
+
+``up`` starts, on the workspace's embedded defaults:
+
+- the MLflow tracking server with its UI (SQLite backend and artifacts under ``<ws>/mlflow``);
+- the Airflow 3 components one machine runs (from ``.venv-airflow``, whose ``bin`` is put first on ``PATH``:
+  Airflow starts its helpers by the bare name ``airflow``): the API server with the UI, the scheduler
+  (``LocalExecutor``), the DAG processor and the triggerer, all on ``<ws>/airflow`` (SQLite metadata DB);
+- the ranker endpoint (``gemflow deploy --mode local``) when the registry already holds a ranker ``@champion``;
+  otherwise the deploy DAG starts it once the pipeline has promoted one.
+
+Every service binds ``127.0.0.1`` (``host``); each port is checked free before anything starts. Airflow's log
+servers (8793/8794 by default) are not started at all (``--skip-serve-logs``): they bind every interface and only
+serve logs to other machines, while here the API server reads the task logs from ``<ws>/airflow/logs`` directly.
+The Airflow API port moves ``AIRFLOW__API__BASE_URL`` and the execution API URL with it.
+
+Each service runs in its own session (process group); ``up`` records the pid, the process group and the start
+time of each in ``<ws>/platform/state.json`` and gives every process it starts one marker variable
+(``GEMFLOW_PLATFORM_ID``) that all their descendants inherit. ``down`` stops the recorded process groups (TERM,
+then KILL after a grace period), then every process still carrying the marker: task processes, training ranks
+and the model server started by a deploy task leave their parent's group, but not its environment. Logs of each
+service are in ``<ws>/platform/logs/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gemflow.workspace import Workspace
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "GEMFLOW_PLATFORM_ID"
+
+
+class PlatformError(RuntimeError):
+    """The platform cannot start (a port is taken, a component exited) or is in an unexpected state."""
+
+
+@dataclass
+class PlatformConfig:
+    host: str = "127.0.0.1"  # every service binds here
+    airflow_port: int = 8280  # Airflow API server + UI (8080 is the ranker endpoint's)
+    mlflow_port: int = 5000
+    endpoint_port: int = 8080  # the ranker's KServe endpoint (the deploy DAG's default port)
+    airflow_venv: str = ""  # "" = <repo>/.venv-airflow
+    parallelism: int = 2  # LocalExecutor task slots (each stage is itself multi-process on 2 cores)
+    api_workers: int = 1
+    dag_refresh_seconds: int = 30  # how often the DAG processor rescans dags/
+    start_timeout: float = 240.0  # per service, until it answers
+    stop_timeout: float = 30.0  # TERM -> KILL grace per process group
+    unpause: bool = True  # new DAGs start unpaused: the pipeline runs itself
+    deploy_endpoint: bool = True  # start the ranker endpoint when a champion exists
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. GEMFLOW_EMBEDDED_* sizes for the DAGs
+
+
+@dataclass
+class Service:
+    name: str
+    pid: int
+    pgid: int
+    start_ticks: int  # /proc/<pid>/stat field 22: tells a recorded pid from a reused one
+    cmd: list[str]
+    log: str
+    url: str = ""
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None  # exited, not yet reaped
+    return int(fields[19])
+
+
+def _alive(svc: Service) -> bool:
+    return _start_ticks(svc.pid) == svc.start_ticks
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Every live process of this user whose environment carries ``GEMFLOW_PLATFORM_ID=<marker>``."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and _start_ticks(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (nor on the wildcard address, which would shadow it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) != 0
+
+
+def _http_ok(url: str, timeout: float = 3.0) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body = r.read()
+            return json.loads(body) if body.strip().startswith(b"{") else {"status": r.status}
+    except (OSError, ValueError, urllib.error.HTTPError):
+        return None
+
+
+def champion_version(ws: Workspace, name: str) -> str | None:
+    """The version ``name@champion`` points at in the workspace's registry, None when there is none."""
+    from mlflow.exceptions import MlflowException
+
+    from models.embeddings.refresh import mlflow_client
+
+    try:
+        return str(mlflow_client("", ws).get_model_version_by_alias(name, "champion").version)
+    except MlflowException:
+        return None
+
+
+# ---------------------------------------------------------------- the platform
+
+
+class Platform:
+    def __init__(self, ws: Workspace, cfg: PlatformConfig | None = None):
+        self.ws = ws
+        self.cfg = cfg or PlatformConfig()
+        self.dir = ws.root / "platform"
+        self.logs = self.dir / "logs"
+        self.state_file = self.dir / "state.json"
+        self.airflow_home = ws.root / "airflow"
+        venv = Path(self.cfg.airflow_venv) if self.cfg.airflow_venv else REPO / ".venv-airflow"
+        self.airflow_bin = venv / "bin"
+        self.project_bin = Path(sys.executable).parent
+
+    # urls
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.airflow_port}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.mlflow_port}"
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.endpoint_port}"
+
+    # state
+    def read_state(self) -> dict | None:
+        if not self.state_file.exists():
+            return None
+        return json.loads(self.state_file.read_text())
+
+    def _write_state(self, state: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    def running(self) -> list[Service]:
+        state = self.read_state() or {}
+        return [s for s in (Service(**d) for d in state.get("services", [])) if _alive(s)]
+
+    # environment
+    def _secret(self, name: str) -> str:
+        """A secret kept in the workspace, so restarts keep sessions and JWTs valid across components."""
+        path = self.dir / "secrets" / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.write_text(secrets.token_urlsafe(32))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def env(self, marker: str) -> dict[str, str]:
+        c = self.cfg
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "VIRTUAL_ENV", MARKER))}
+        path = os.pathsep.join(
+            [str(self.airflow_bin), str(self.project_bin), keep.get("PATH", "/usr/bin:/bin")]
+        )
+        env = {
+            **keep,
+            "PATH": path,
+            MARKER: marker,
+            "GEMFLOW_HOME": str(self.ws.root),
+            "GEMFLOW_BIN": str(self.project_bin / "gemflow"),
+            "GEMFLOW_MODE": "local",
+            "GEMFLOW_ENDPOINT_PORT": str(c.endpoint_port),
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            "GX_ANALYTICS_ENABLED": "false",
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # its job runner is 7 idle processes on 2 cores
+            "TORCH_EXTENSIONS_DIR": os.environ.get(
+                "TORCH_EXTENSIONS_DIR", str(REPO / ".cache/torch_extensions")
+            ),
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(c.parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(not c.unpause),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+            "AIRFLOW__API__HOST": c.host,
+            "AIRFLOW__API__PORT": str(c.airflow_port),
+            "AIRFLOW__API__BASE_URL": self.airflow_url,
+            "AIRFLOW__API__WORKERS": str(c.api_workers),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.airflow_url}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt"),
+            "AIRFLOW__API__SECRET_KEY": self._secret("api"),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": str(c.dag_refresh_seconds),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        }
+        env.update(c.extra_env)
+        return env
+
+    # start
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], url: str = "") -> Service:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as out:
+            out.write(f"\n=== {dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ} {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.ws.root, start_new_session=True
+            )
+        ticks = None
+        for _ in range(50):
+            ticks = _start_ticks(proc.pid)
+            if ticks is not None:
+                break
+            time.sleep(0.02)
+        return Service(name, proc.pid, proc.pid, ticks or 0, cmd, str(log), url)
+
+    def _wait(self, svc: Service, ready, what: str) -> None:
+        deadline = time.monotonic() + self.cfg.start_timeout
+        while time.monotonic() < deadline:
+            if not _alive(svc):
+                tail = Path(svc.log).read_text(errors="replace")[-3000:]
+                raise PlatformError(f"{svc.name} exited while starting; {svc.log} ends with:\n{tail}")
+            if ready():
+                return
+            time.sleep(1.0)
+        raise PlatformError(f"{svc.name} was not {what} within {self.cfg.start_timeout:.0f}s; see {svc.log}")
+
+    def check_ports(self) -> None:
+        c = self.cfg
+        ports = {
+            "airflow_port": c.airflow_port,
+            "mlflow_port": c.mlflow_port,
+            "endpoint_port": c.endpoint_port,
+        }
+        seen: dict[int, str] = {}
+        for key, port in ports.items():
+            if port in seen:
+                raise PlatformError(f"{key} and {seen[port]} are both {port}: give each service its own port")
+            seen[port] = key
+        taken = [f"{key}={port}" for key, port in ports.items() if not port_free(c.host, port)]
+        if taken:
+            raise PlatformError(
+                f"port(s) already in use on {c.host}: {', '.join(taken)}; stop what holds them or choose others "
+                f"(gemflow up --set airflow_port=… / mlflow_port=… / endpoint_port=…)"
+            )
+
+    def up(self, echo=print) -> dict:
+        live = self.running()
+        if live:
+            raise PlatformError(
+                f"the platform already runs on {self.ws.root} ({', '.join(s.name for s in live)}): "
+                f"`gemflow down` first"
+            )
+        if self.state_file.exists():  # a previous run died without `down`: clean up what it left
+            self.down(echo=lambda *_: None)
+        airflow = self.airflow_bin / "airflow"
+        if not airflow.exists():
+            raise PlatformError(f"the Airflow environment is missing ({airflow}); run `make setup`")
+        self.check_ports()
+        marker = uuid.uuid4().hex
+        env = self.env(marker)
+        state = {
+            "marker": marker,
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "config": asdict(self.cfg),
+            "services": [],
+        }
+        self._write_state(state)  # before the first spawn: `down` can always find the marker
+
+        def record(svc: Service) -> Service:
+            state["services"].append(asdict(svc))
+            self._write_state(state)
+            return svc
+
+        try:
+            self._start_all(env, record, echo)
+        except BaseException:
+            echo("start failed: stopping what was started")
+            self.down(echo=echo)
+            raise
+        return state
+
+    def _start_all(self, env: dict[str, str], record, echo) -> None:
+        from models.registry.server import server_command
+
+        c = self.cfg
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
+        mlflow = record(
+            self._spawn("mlflow", server_command(self.ws.mlflow, c.host, c.mlflow_port), env, self.mlflow_url)
+        )
+        echo(f"mlflow          pid {mlflow.pid}  starting on {self.mlflow_url}")
+
+        t0 = time.monotonic()
+        migrate = subprocess.run(
+            [str(self.airflow_bin / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True
+        )
+        if migrate.returncode:
+            raise PlatformError(
+                f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-2000:]}"
+            )
+        echo(f"airflow db      migrated in {time.monotonic() - t0:.0f}s ({self.airflow_home / 'airflow.db'})")
+
+        af = str(self.airflow_bin / "airflow")
+        api = record(self._spawn(
+            "airflow-api-server",
+            [af, "api-server", "--host", c.host, "--port", str(c.airflow_port), "--workers", str(c.api_workers)],
+            env, self.airflow_url,
+        ))  # fmt: skip
+        echo(f"api-server      pid {api.pid}  starting on {self.airflow_url}")
+        for name, cmd in (
+            ("airflow-scheduler", [af, "scheduler", "--skip-serve-logs"]),
+            ("airflow-dag-processor", [af, "dag-processor"]),
+            ("airflow-triggerer", [af, "triggerer", "--skip-serve-logs"]),
+        ):
+            svc = record(self._spawn(name, cmd, env))
+            echo(f"{name[8:]:<15} pid {svc.pid}")
+
+        self._wait(mlflow, lambda: _http_ok(f"{self.mlflow_url}/health") is not None, "answering /health")
+        echo(f"mlflow          ready: {self.mlflow_url}")
+        self._wait(api, lambda: self._airflow_healthy(), "healthy (scheduler, DAG processor, triggerer)")
+        echo(f"airflow         ready: {self.airflow_url}")
+        if c.deploy_endpoint:
+            self._deploy_endpoint(env, record, echo)
+
+    def _airflow_healthy(self) -> bool:
+        health = _http_ok(f"{self.airflow_url}/api/v2/monitor/health")
+        if not health:
+            return False
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all((health.get(p) or {}).get("status") == "healthy" for p in parts)
+
+    def _deploy_endpoint(self, env: dict[str, str], record, echo) -> None:
+        """Serve the ranker champion now if there is one; otherwise the deploy DAG will."""
+        gemflow = str(self.project_bin / "gemflow")
+        version = champion_version(self.ws, "gem-ranker")
+        if version is None:
+            echo(
+                "endpoint        no gem-ranker@champion yet: the gemflow_deploy DAG starts it once one is promoted"
+            )
+            return
+        log = self.logs / "endpoint-deploy.log"
+        with open(log, "ab") as out:
+            done = subprocess.run(
+                [gemflow, "deploy", "--mode", "local", "--port", str(self.cfg.endpoint_port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        if done.returncode:
+            echo(f"endpoint        deploy failed (exit {done.returncode}); see {log}")
+            return
+        pid_file = self.ws.root / "serving" / "server.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text())
+            record(
+                Service(
+                    "endpoint",
+                    pid,
+                    pid,
+                    _start_ticks(pid) or 0,
+                    ["gemflow", "serve"],
+                    str(log),
+                    self.endpoint_url,
+                )
+            )
+        echo(f"endpoint        ready: {self.endpoint_url} (gem-ranker@champion v{version})")
+
+    # stop
+    def down(self, echo=print) -> list[str]:
+        """Stop the recorded process groups, then every process still carrying the marker; forget the state."""
+        state = self.read_state()
+        if state is None:
+            echo(f"nothing recorded under {self.state_file}: the platform is not running from this workspace")
+            return []
+        services = [Service(**d) for d in state.get("services", [])]
+        marker = state["marker"]
+        stopped = []
+        for svc in reversed(services):
+            if _alive(svc):
+                _signal_group(svc.pgid, signal.SIGTERM)
+                stopped.append(f"{svc.name} (pid {svc.pid})")
+        others = [p for p in _marked_pids(marker)]
+        for pid in others:
+            _signal_pid(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_timeout
+        while time.monotonic() < deadline and (any(_alive(s) for s in services) or _marked_pids(marker)):
+            time.sleep(0.3)
+        leftovers = _marked_pids(marker)
+        for svc in services:
+            if _alive(svc):
+                _signal_group(svc.pgid, signal.SIGKILL)
+        for pid in leftovers:
+            _signal_pid(pid, signal.SIGKILL)
+        if leftovers:
+            echo(f"killed {len(leftovers)} process(es) that ignored SIGTERM: {leftovers}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _marked_pids(marker):
+            time.sleep(0.2)
+        still = _marked_pids(marker)
+        if still:
+            raise PlatformError(f"processes of this platform survived SIGKILL: {still}")
+        pid_file = self.ws.root / "serving" / "server.pid"
+        if pid_file.exists() and not _start_ticks(int(pid_file.read_text())):
+            pid_file.unlink()  # the endpoint went down with the platform
+        self.state_file.unlink()
+        for line in stopped:
+            echo(f"stopped {line}")
+        if others:
+            echo(
+                f"stopped {len(others)} more process(es) started by the platform (tasks, ranks, model server)"
+            )
+        return stopped
