@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -64,7 +65,16 @@ class PlatformConfig:
     stop_timeout: float = 30.0  # TERM -> KILL grace per process group
     unpause: bool = True  # new DAGs start unpaused: the pipeline runs itself
     deploy_endpoint: bool = True  # start the ranker endpoint when a champion exists
-    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. GEMFLOW_EMBEDDED_* sizes for the DAGs
+    # the embedded pipeline (what the DAGs default to; see dags/gemflow_stage.Embedded)
+    landing: str = "synthetic"  # synthetic: gemflow_land writes each day; external: you land the logs
+    backfill_days: int = 3  # a fresh workspace starts this many days back (train + valid + test)
+    synthetic_config: str = "configs/embedded-synthetic.yaml"
+    user_config: str = "configs/embedded-user.yaml"
+    ranker_config: str = "configs/embedded-ranker.yaml"
+    nproc: int = 1  # training ranks / refresh workers: one rank per task on 2 cores with 2 task slots
+    calibration_low: float = 0.5  # minutes-long embedded models are not calibrated to production bounds
+    calibration_high: float = 2.0
+    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +89,14 @@ class Service:
 
 
 # ---------------------------------------------------------------- processes
+
+
+def _repo_path(value: str) -> str:
+    """A config path relative to the repository (what the YAML says) made absolute; "" stays "" (defaults)."""
+    if not value:
+        return ""
+    path = Path(value)
+    return str(path if path.is_absolute() else REPO / path)
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -145,14 +163,49 @@ def _http_ok(url: str, timeout: float = 3.0) -> dict | None:
 
 def champion_version(ws: Workspace, name: str) -> str | None:
     """The version ``name@champion`` points at in the workspace's registry, None when there is none."""
+    import warnings
+
     from mlflow.exceptions import MlflowException
 
     from models.embeddings.refresh import mlflow_client
 
-    try:
-        return str(mlflow_client("", ws).get_model_version_by_alias(name, "champion").version)
-    except MlflowException:
-        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy deprecations inside MLflow's store, not ours
+        try:
+            return str(mlflow_client("", ws).get_model_version_by_alias(name, "champion").version)
+        except MlflowException:
+            return None
+
+
+class AirflowApi:
+    """Airflow's public REST API as the embedded simple auth manager's ``admin`` (its generated password)."""
+
+    def __init__(self, base: str, passwords: Path, user: str = "admin"):
+        self.base, self.token = base, ""
+        body = json.dumps({"username": user, "password": json.loads(passwords.read_text())[user]}).encode()
+        self.token = self.call("POST", "/auth/token", body)["access_token"]
+
+    def call(self, method: str, path: str, data: bytes | None = None) -> dict:
+        req = urllib.request.Request(f"{self.base}{path}", data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def runs(self, dag_id: str = "~") -> list[dict]:
+        return self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=500&order_by=start_date")["dag_runs"]
+
+    def tasks(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
+        return {t["task_id"]: t for t in self.call("GET", path)["task_instances"]}
+
+    def events(self, asset_name: str) -> list[dict]:
+        assets = self.call("GET", f"/api/v2/assets?name_pattern={urllib.parse.quote(asset_name)}")["assets"]
+        asset = next((a for a in assets if a["name"] == asset_name), None)
+        if asset is None:
+            return []
+        return self.call("GET", f"/api/v2/assets/events?asset_id={asset['id']}&limit=100")["asset_events"]
 
 
 # ---------------------------------------------------------------- the platform
@@ -182,6 +235,35 @@ class Platform:
     @property
     def endpoint_url(self) -> str:
         return f"http://{self.cfg.host}:{self.cfg.endpoint_port}"
+
+    def api(self) -> AirflowApi:
+        state = self.read_state()
+        if state is None:
+            raise PlatformError(f"the platform is not running from {self.ws.root} (no {self.state_file})")
+        port = state["config"]["airflow_port"]
+        host = state["config"]["host"]
+        return AirflowApi(
+            f"http://{host}:{port}", self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        )
+
+    def wait_for(self, dag_id: str, timeout: float, echo=print, poll: float = 15.0) -> dict:
+        """Block until ``dag_id`` has a successful run; echo each run that finishes meanwhile; fail on a failed
+        run of any DAG (with its id and note)."""
+        api, seen = self.api(), set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in api.runs():
+                key = (r["dag_id"], r["dag_run_id"], r["state"])
+                if r["state"] in ("success", "failed") and key not in seen:
+                    seen.add(key)
+                    note = f"  ({r['note']})" if r.get("note") else ""
+                    echo(f"{r['end_date'][11:19]}  {r['dag_id']:<17} {r['state']:<8} {r['dag_run_id']}{note}")
+                if r["state"] == "failed":
+                    raise PlatformError(f"{r['dag_id']} run {r['dag_run_id']} failed; see the Airflow UI")
+                if r["dag_id"] == dag_id and r["state"] == "success":
+                    return r
+            time.sleep(poll)
+        raise PlatformError(f"no successful {dag_id} run within {timeout:.0f}s")
 
     # state
     def read_state(self) -> dict | None:
@@ -245,11 +327,38 @@ class Platform:
             "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt"),
             "AIRFLOW__API__SECRET_KEY": self._secret("api"),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            # tasks write their "nothing to do" / gate notes through the public API (dags/gemflow_stage.note)
+            "GEMFLOW_AIRFLOW_API": self.airflow_url,
+            "GEMFLOW_AIRFLOW_PASSWORDS_FILE": str(
+                self.airflow_home / "simple_auth_manager_passwords.json.generated"
+            ),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": str(c.dag_refresh_seconds),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # a task's first call to the execution API timed out at the default 5 s on 2 busy cores
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         }
+        env.update(
+            GEMFLOW_LANDING=c.landing,
+            GEMFLOW_START_DATE=self.start_date().isoformat(),
+            GEMFLOW_SYNTHETIC_CONFIG=_repo_path(c.synthetic_config),
+            GEMFLOW_USER_CONFIG=_repo_path(c.user_config),
+            GEMFLOW_RANKER_CONFIG=_repo_path(c.ranker_config),
+            GEMFLOW_NPROC=str(c.nproc),
+            GEMFLOW_CALIBRATION_LOW=str(c.calibration_low),
+            GEMFLOW_CALIBRATION_HIGH=str(c.calibration_high),
+        )
         env.update(c.extra_env)
         return env
+
+    def start_date(self) -> dt.date:
+        """The embedded pipeline's first day, fixed at the first ``up`` of a workspace (``backfill_days`` back)."""
+        path = self.dir / "embedded.json"
+        if path.exists():
+            return dt.date.fromisoformat(json.loads(path.read_text())["start_date"])
+        day = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=self.cfg.backfill_days)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"start_date": day.isoformat()}))
+        return day
 
     # start
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str], url: str = "") -> Service:
@@ -340,9 +449,7 @@ class Platform:
 
         c = self.cfg
         self.airflow_home.mkdir(parents=True, exist_ok=True)
-        mlflow = record(
-            self._spawn("mlflow", server_command(self.ws.mlflow, c.host, c.mlflow_port), env, self.mlflow_url)
-        )
+        mlflow = record(self._spawn("mlflow", self.mlflow_command(server_command), env, self.mlflow_url))
         echo(f"mlflow          pid {mlflow.pid}  starting on {self.mlflow_url}")
 
         t0 = time.monotonic()
@@ -376,6 +483,18 @@ class Platform:
         echo(f"airflow         ready: {self.airflow_url}")
         if c.deploy_endpoint:
             self._deploy_endpoint(env, record, echo)
+
+    def mlflow_command(self, server_command) -> list[str]:
+        """The MLflow server on the workspace's backend, its artifacts a local folder (not ``mlflow-artifacts:/``).
+
+        The stages write to the same SQLite backend and artifact folder directly (as without the platform); a
+        server that proxied artifacts would give the experiments it creates (``Default``) an
+        ``mlflow-artifacts:/`` location that such a client cannot write to ("When an mlflow-artifacts URI was
+        supplied, the tracking URI must be a valid http or https URI")."""
+        cmd = server_command(self.ws.mlflow, self.cfg.host, self.cfg.mlflow_port)
+        i = cmd.index("--artifacts-destination")
+        artifacts = (self.ws.mlflow / "artifacts").resolve().as_uri()
+        return [*cmd[:i], "--default-artifact-root", artifacts, "--no-serve-artifacts", *cmd[i + 2 :]]
 
     def _airflow_healthy(self) -> bool:
         health = _http_ok(f"{self.airflow_url}/api/v2/monitor/health")

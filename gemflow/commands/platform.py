@@ -7,6 +7,7 @@ started is stopped again); 2 bad input (a port taken, a bad config).
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
 
@@ -51,6 +52,27 @@ def register(app: typer.Typer) -> None:
         except PlatformError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(FAILED) from err
+
+    @app.command("wait")
+    def wait_cmd(
+        dag_id: Annotated[
+            str, typer.Option("--dag", help="The DAG whose first successful run ends the wait.")
+        ] = ("gemflow_deploy"),
+        timeout: Annotated[float, typer.Option(help="Seconds.")] = 3600.0,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Follow the running platform's DAG runs until DAG has succeeded once (exit 1 on a failed run)."""
+        import time
+
+        from gemflow.platform import Platform, PlatformError
+
+        t0 = time.monotonic()
+        try:
+            Platform(workspace(ws)).wait_for(dag_id, timeout, echo=typer.echo)
+        except PlatformError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(FAILED) from err
+        typer.echo(f"{dag_id} succeeded after {time.monotonic() - t0:.0f}s of waiting")
 
     @app.command("status")
     def status_cmd(ws: WorkspaceOpt = None) -> None:
