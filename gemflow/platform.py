@@ -469,6 +469,11 @@ class Platform:
             env, self.airflow_url,
         ))  # fmt: skip
         echo(f"api-server      pid {api.pid}  starting on {self.airflow_url}")
+        # The scheduler's tasks talk to the execution API from their first second: a task started before the API
+        # server listens fails at once ("Connection refused"), so the API server answers before anything runs.
+        health = f"{self.airflow_url}/api/v2/monitor/health"
+        self._wait(api, lambda: _http_ok(health) is not None, "answering /api/v2/monitor/health")
+        echo(f"api-server      answering after {time.monotonic() - t0:.0f}s")
         for name, cmd in (
             ("airflow-scheduler", [af, "scheduler", "--skip-serve-logs"]),
             ("airflow-dag-processor", [af, "dag-processor"]),
