@@ -61,7 +61,7 @@ class PlatformConfig:
     parallelism: int = 2  # LocalExecutor task slots (each stage is itself multi-process on 2 cores)
     api_workers: int = 1
     dag_refresh_seconds: int = 30  # how often the DAG processor rescans dags/
-    start_timeout: float = 240.0  # per service, until it answers
+    start_timeout: float = 600.0  # per service, until it answers (minutes on 2 busy cores)
     stop_timeout: float = 30.0  # TERM -> KILL grace per process group
     unpause: bool = True  # new DAGs start unpaused: the pipeline runs itself
     deploy_endpoint: bool = True  # start the ranker endpoint when a champion exists
