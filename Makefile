@@ -11,9 +11,9 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench clean up down
+.PHONY: setup demo test test-fast lint bench clean up down redis chromium
 
-setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis
+setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis chromium
 
 # Project environment: the ML stack, exact pins, no resolver (see requirements/project.lock).
 $(VENV)/.installed: requirements/project.lock pyproject.toml
@@ -39,6 +39,11 @@ $(HELM):
 # redis-server (Debian) for the Redis online-store tests; the tests start and stop their own instance.
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+
+# Debian's Chromium for the browser test of the UIs (tests/platform/test_ui.py drives it with Playwright; Playwright's
+# own browser download is not used).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-liberation >/dev/null)
 
 demo: setup
 	bash scripts/demo.sh

@@ -23,6 +23,7 @@ import pytest
 from gemflow.platform import MARKER, Platform, _marked_pids, port_free
 from gemflow.workspace import Workspace
 from tests.dags.airflow_env import require_airflow
+from tests.platform.ui import check_uis
 
 REPO = Path(__file__).resolve().parents[2]
 GEMFLOW = str(Path(sys.executable).parent / "gemflow")
@@ -109,6 +110,17 @@ def test_up_runs_the_pipeline_by_itself_and_down_leaves_nothing(tmp_path: Path):
         assert deploy_state["model_uri"] == ranker["model_uri"] == f"models:/gem-ranker/{ranker['version']}"
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['endpoint_port']}/docs", timeout=10) as r:
             assert r.status == 200
+
+        # the UIs in a real browser (Playwright + Debian's Chromium); screenshots under GEMFLOW_UI_SHOTS
+        shots = Path(os.environ.get("GEMFLOW_UI_SHOTS", str(tmp_path / "shots")))
+        password = json.loads(
+            (ws.root / "airflow" / "simple_auth_manager_passwords.json.generated").read_text()
+        )["admin"]
+        report = check_uis(
+            f"http://127.0.0.1:{ports['airflow_port']}", password, f"http://127.0.0.1:{ports['mlflow_port']}",
+            f"http://127.0.0.1:{ports['endpoint_port']}", shots,
+        )  # fmt: skip
+        assert all(p.stat().st_size > 10_000 for p in report.shots.values()), report.shots
     finally:
         down = subprocess.run(
             [GEMFLOW, "down", "-w", str(ws.root)], capture_output=True, text=True, timeout=300
