@@ -134,6 +134,14 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def _signal_pid(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
@@ -541,6 +549,32 @@ class Platform:
                 )
             )
         echo(f"endpoint        ready: {self.endpoint_url} (gem-ranker@champion v{version})")
+
+    def restart(self, name: str, echo=print) -> Service:
+        """Start the recorded service ``name`` again (same command, environment and marker), e.g. after it was
+        killed: its old process group is stopped first if anything of it is left. ``down`` stops the new one."""
+        state = self.read_state()
+        if state is None:
+            raise PlatformError(f"the platform is not running from {self.ws.root} (no {self.state_file})")
+        services = [Service(**d) for d in state["services"]]
+        old = next((s for s in services if s.name == name), None)
+        if old is None:
+            raise PlatformError(f"no service {name!r}; recorded: {', '.join(s.name for s in services)}")
+        if name == "endpoint":
+            raise PlatformError("the endpoint is the deploy DAG's: trigger gemflow_deploy to restart it")
+        # The old group goes whole, its leader dead or not: a killed scheduler's workers and task processes
+        # would otherwise stay behind as orphans (its tasks are then retried by the new scheduler).
+        _signal_group(old.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_timeout
+        while _group_alive(old.pgid) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        _signal_group(old.pgid, signal.SIGKILL)
+        self.cfg = PlatformConfig(**state["config"])
+        new = self._spawn(name, old.cmd, self.env(state["marker"]), old.url)
+        state["services"] = [asdict(new) if s.name == name else asdict(s) for s in services]
+        self._write_state(state)
+        echo(f"restarted {name}: pid {new.pid} (was {old.pid})")
+        return new
 
     # stop
     def down(self, echo=print) -> list[str]:

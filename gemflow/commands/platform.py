@@ -53,6 +53,20 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(FAILED) from err
 
+    @app.command("restart")
+    def restart_cmd(
+        service: Annotated[str, typer.Argument(help="A recorded service, e.g. airflow-scheduler or mlflow.")],
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Start one service of the running platform again (after a crash or a kill), same command and marker."""
+        from gemflow.platform import Platform, PlatformError
+
+        try:
+            Platform(workspace(ws)).restart(service, echo=typer.echo)
+        except PlatformError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(FAILED) from err
+
     @app.command("wait")
     def wait_cmd(
         dag_id: Annotated[
