@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,35 @@ def test_env_binds_loopback_and_moves_the_base_url_with_the_port(tmp_path):
     cmd = p.mlflow_command(lambda root, host, port: ["mlflow", "server", "--artifacts-destination", "x",
                                                      "--host", host])  # fmt: skip
     assert "--no-serve-artifacts" in cmd and "--artifacts-destination" not in cmd
+
+
+def test_restart_replaces_a_killed_service_and_its_leftover_group(tmp_path):
+    """A killed leader's group (workers, task processes) goes whole; the new process runs the same command with
+    the same marker, is recorded in its place, and ``down`` stops it."""
+    p = Platform(Workspace(tmp_path / "ws"), PlatformConfig(stop_timeout=10))
+    marker = "test-" + os.urandom(4).hex()
+    worker = [sys.executable, "-c",
+              "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+              "time.sleep(600)']); time.sleep(600)"]  # a child that stays in the group  # fmt: skip
+    leader = _spawn(worker, marker)
+    svc = Service("sched", leader.pid, leader.pid, _start_ticks(leader.pid), SLEEPER, "log")
+    p.dir.mkdir(parents=True)
+    p.state_file.write_text(
+        json.dumps({"marker": marker, "config": {"stop_timeout": 10}, "services": [svc.__dict__]})
+    )
+    try:
+        time.sleep(1.0)  # the child is up
+        os.kill(leader.pid, 9)  # the leader dies; its child stays behind in the group
+        leader.wait(timeout=10)
+        assert subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True).returncode == 0
+        new = p.restart("sched", echo=lambda *_: None)
+        assert subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True).returncode == 1
+        recorded = [s for s in p.running() if s.name == "sched"]
+        assert [s.pid for s in recorded] == [new.pid] and new.pid != leader.pid
+        env = Path(f"/proc/{new.pid}/environ").read_bytes().split(b"\0")
+        assert f"{MARKER}={marker}".encode() in env
+        with pytest.raises(PlatformError, match="no service"):
+            p.restart("nothing")
+    finally:
+        p.down(echo=lambda *_: None)
+    assert not _alive(new.pid)

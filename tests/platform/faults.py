@@ -111,7 +111,7 @@ def endpoint_killed(platform: Platform, timeout: float = 900) -> str:
     ready = _http_ok(f"{url}/v2/models/gem-ranker/ready")
     assert run["state"] == "success" and ready and ready.get("ready"), (run["state"], tasks, ready)
     return (
-        f"endpoint killed (pid {pid}): gemflow_deploy {run['state']}, serving v{ready['model_version']} again"
+        f"endpoint killed (pid {pid}): gemflow_deploy {run['state']}, serving {ready['model_version']} again"
     )
 
 
