@@ -96,6 +96,8 @@ def check_uis(airflow_url: str, password: str, mlflow_url: str, endpoint_url: st
             shot(page, "mlflow-learning-curve")
 
             page.goto(f"{mlflow_url}/#/models")
+            _close_promotion(page)
+            _close_assistant(page)
             expect(page.get_by_text("gem-user-model").first).to_be_visible()
             expect(page.get_by_text("gem-ranker").first).to_be_visible()
             rows = page.get_by_role("row")
@@ -127,6 +129,18 @@ def _latest_run(mlflow_url: str, experiment: str) -> tuple[str, str]:
         exp = json.loads(r.read())["experiment"]["experiment_id"]
     runs = post("runs/search", {"experiment_ids": [exp], "max_results": 1, "order_by": ["start_time DESC"]})
     return exp, runs["runs"][0]["info"]["run_id"]
+
+
+def _close_promotion(page) -> None:
+    """MLflow 3 greets the registered-models page with a dialog about its new registry UI, over the aliases."""
+    dialog = page.get_by_role("dialog")
+    try:
+        dialog.first.wait_for(state="visible", timeout=5000)
+    except Exception:  # noqa: BLE001 (no dialog this time: nothing to close)
+        return
+    page.keyboard.press("Escape")
+    dialog.first.wait_for(state="hidden", timeout=10000)
+    page.wait_for_timeout(1000)  # the backdrop fades out
 
 
 def _close_assistant(page) -> None:
