@@ -39,5 +39,9 @@ import pandas as pd, sys; a = pd.read_parquet(sys.argv[1]); print(','.join(map(s
   "$GEMFLOW_HOME/raw/ads/date=$LAST")
 $G rank --url "http://127.0.0.1:$PORT" --user "$USER_ID" --candidates "$CANDS" --top 10
 
-step "Done. The platform is still up (workspace $GEMFLOW_HOME): the addresses are printed above; stop it with"
-echo "  $G down -w $GEMFLOW_HOME     (or: make down GEMFLOW_HOME=$GEMFLOW_HOME)"
+if [ "${DEMO_DOWN:-0}" = 1 ]; then
+  step "Done. DEMO_DOWN=1: the platform stops now (gemflow down)"
+else
+  step "Done. The platform is still up (workspace $GEMFLOW_HOME): the addresses are printed above; stop it with"
+  echo "  $G down -w $GEMFLOW_HOME     (or: make down GEMFLOW_HOME=$GEMFLOW_HOME)"
+fi
