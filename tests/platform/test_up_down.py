@@ -1,4 +1,5 @@
-"""``gemflow up`` -> the first scheduled pipeline pass with no manual trigger -> ``gemflow down`` leaves nothing.
+"""``gemflow up`` -> the first scheduled pipeline pass with no manual trigger -> the UIs in a browser -> the three
+fault cases -> ``gemflow down`` leaves nothing.
 
 The real platform on the tiny embedded config (``configs/embedded-tiny-platform.yaml``), on free ports: the land
 DAG backfills three days, each ingest waits for its day, the trigger rule trains the user model once (on the
@@ -20,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gemflow.platform import MARKER, Platform, _marked_pids, port_free
+from gemflow.platform import MARKER, Platform, PlatformConfig, _marked_pids, port_free
 from gemflow.workspace import Workspace
 from tests.dags.airflow_env import require_airflow
+from tests.platform.faults import CASES
 from tests.platform.ui import check_uis
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,6 +123,11 @@ def test_up_runs_the_pipeline_by_itself_and_down_leaves_nothing(tmp_path: Path):
             f"http://127.0.0.1:{ports['endpoint_port']}", shots,
         )  # fmt: skip
         assert all(p.stat().st_size > 10_000 for p in report.shots.values()), report.shots
+
+        # the three faults on the live platform (tests/platform/faults.py); each asserts what the platform did
+        platform.cfg = PlatformConfig(**state["config"])
+        for name, case in CASES.items():
+            print(f"{name}: {case(platform)}")  # noqa: T201
     finally:
         down = subprocess.run(
             [GEMFLOW, "down", "-w", str(ws.root)], capture_output=True, text=True, timeout=300
