@@ -11,9 +11,9 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean up down redis chromium
 
-setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis
+setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis chromium
 
 # Project environment: the ML stack, exact pins, no resolver (see requirements/project.lock).
 $(VENV)/.installed: requirements/project.lock pyproject.toml
@@ -40,8 +40,23 @@ $(HELM):
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
 
+# Debian's Chromium for the browser test of the UIs (tests/platform/test_ui.py drives it with Playwright; Playwright's
+# own browser download is not used).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-liberation >/dev/null)
+
 demo: setup
 	bash scripts/demo.sh
+
+# The platform as a service: Airflow 3 (API server + UI, scheduler, DAG processor, triggerer), the MLflow UI and
+# the ranker endpoint, on 127.0.0.1; the DAGs run themselves. Ports and sizes: configs/embedded-platform.yaml,
+# one key at a time with UP_ARGS="--set airflow_port=8380". `make down` stops exactly what `make up` started.
+GEMFLOW_HOME ?= $(CURDIR)/workspace/platform
+up: setup
+	$(VENV)/bin/gemflow up -w $(GEMFLOW_HOME) -c configs/embedded-platform.yaml $(UP_ARGS)
+
+down:
+	$(VENV)/bin/gemflow down -w $(GEMFLOW_HOME)
 
 test: setup
 	$(VENV)/bin/ruff check .

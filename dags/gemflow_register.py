@@ -1,17 +1,20 @@
-"""Register the newest trained model and gate it: a new @champion publishes CHAMPION, a rejected one nothing.
+"""Register the model its USER_MODEL event names and gate it: a new @champion publishes CHAMPION.
 
-``gemflow register-run`` exits 4 when the gate keeps the current champion; the task is then skipped (see
-``gemflow_stage.UNCHANGED_EXIT``), a skipped task emits no asset event, so a rejected challenger triggers no
-embedding refresh and no deploy. Params: ``kind`` (user | ranker), ``run_dir`` ("" = the newest run under
-``<workspace>/models/<kind>/``), ``training_set`` (the held-out data the gate judges on; "" = the run's own).
+The run registers exactly the run folder and judges on exactly the training set the triggering event names
+(``run_dir``, ``training_set``); a run started by hand takes the params (``run_dir`` "" = the newest run under
+``<workspace>/models/<kind>/``). ``gemflow register-run`` exits 4 when the gate keeps the current champion: the
+task is then skipped with the gate's reason as its note, and a skipped task emits no asset event, so a rejected
+challenger triggers no embedding refresh and no deploy. CHAMPION carries ``{"model", "version", "model_uri"}``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from airflow.sdk import dag
-from gemflow_stage import CHAMPION, USER_MODEL, stage_task
+from airflow.sdk import Param, dag
+from gemflow_stage import CHAMPION, USER_MODEL, Embedded, event_value, stage_task
+
+E = Embedded.from_env()
 
 
 @dag(
@@ -21,12 +24,19 @@ from gemflow_stage import CHAMPION, USER_MODEL, stage_task
     catchup=False,
     max_active_runs=1,
     params={
-        "kind": "user",
-        "run_dir": "",
-        "training_set": "",
-        "calibration_low": 0.8,
-        "calibration_high": 1.25,
+        "kind": Param("user", type="string", enum=["user", "ranker"], description="Which model family."),
+        "run_dir": Param("", type="string", description="A run folder; empty = the newest of that kind."),
+        "training_set": Param(
+            "", type="string", description="Held-out data the gate judges on; empty = the run's."
+        ),
+        "calibration_low": Param(
+            E.calibration_low, type="number", description="Lowest acceptable calibration."
+        ),
+        "calibration_high": Param(
+            E.calibration_high, type="number", description="Highest acceptable calibration."
+        ),
     },
+    doc_md=__doc__,
     tags=["gemflow", "registry"],
 )
 def gemflow_register():
@@ -34,12 +44,14 @@ def gemflow_register():
         "register_and_gate",
         "register-run",
         "--kind", "{{ params.kind }}",
-        "--run-dir", "{{ params.run_dir }}",
-        "--training-set", "{{ params.training_set }}",
+        "--run-dir", event_value("run_dir", "params.run_dir", "last"),
+        "--training-set", event_value("training_set", "params.training_set", "last"),
         "--calibration-low", "{{ params.calibration_low }}",
         "--calibration-high", "{{ params.calibration_high }}",
         outlets=(CHAMPION,),
         retries=0,  # registering twice would add a second version: a failure needs a look, not a retry
+        timeout=dt.timedelta(minutes=30),
+        doc="@challenger -> gate (NE on the same held-out split, calibration bounds) -> @champion or not.",
     )  # fmt: skip
 
 

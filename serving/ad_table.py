@@ -110,7 +110,9 @@ class AdTable:
             self.failures += 1
             self.last_error = f"{type(err).__name__}: {err}"
             log.warning(
-                "ad table refresh failed (keeping the snapshot from %s): %s", self.snapshot.loaded_at, err
+                "ad table refresh failed (keeping the snapshot from %s): %s",
+                self.snapshot.loaded_at,
+                self.last_error,  # with the type: a timeout's message alone is empty
             )
             return False
         self.snapshot = snap

@@ -95,6 +95,9 @@ class Gateway:
         if path in _OPEN_ROUTES:
             await self._pass(scope, receive, reply)
             return _OPEN_ROUTES[path]
+        if path == "/docs" and method == "GET":  # the server's own page (KServe's Swagger UI needs a CDN)
+            await reply.body(200, self._docs_page(), [(b"content-type", b"text/html; charset=utf-8")])
+            return "docs"
         if path.startswith("/v2/repository"):
             await self._repository(scope, receive, reply)
             return "repository"
@@ -117,6 +120,41 @@ class Gateway:
         # default deny: KServe's other routes (explain, versioned paths, docs) are not part of this server
         await self._refuse(reply, scope, 404, f"no route {method} {path[:100]}")
         return "other"
+
+    def _docs_page(self) -> bytes:
+        """``GET /docs``: what this server answers, as one self-contained HTML page (no token, no script)."""
+        import html
+
+        name, version = self.predictor.name, self.predictor.served.version
+        rows = [
+            ("POST", f"/v1/models/{name}:predict", "rank candidates (V1); bearer token"),
+            ("POST", f"/v2/models/{name}/infer", "rank candidates (Open Inference Protocol); bearer token"),
+            ("GET", f"/v2/models/{name}/ready", "model readiness (no token)"),
+            ("GET", f"/v1/models/{name}", "model readiness, V1 (no token)"),
+            ("GET", f"/v2/models/{name}", "model metadata: inputs, outputs, version; bearer token"),
+            ("GET", f"/v2/models/{name}/stats", "request and latency statistics; bearer token"),
+            *((("GET", p, f"server {label} (no token)") for p, label in _OPEN_ROUTES.items())),
+        ]
+        table = "".join(
+            f"<tr><td>{m}</td><td><code>{html.escape(p)}</code></td><td>{html.escape(d)}</td></tr>"
+            for m, p, d in rows
+        )
+        example = html.escape(
+            f'curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" '
+            f'-d \'{{"instances": [{{"user_id": 42, "candidates": [7, 8, 9]}}]}}\' '
+            f"http://HOST:PORT/v1/models/{name}:predict"
+        )
+        page = (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)} API</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 12px;text-align:left}"
+            "tr:nth-child(even){background:#f3f3f3}code,pre{background:#eee;padding:2px 4px}</style></head><body>"
+            f"<h1>{html.escape(name)} ranker endpoint</h1><p>Serving version <b>{html.escape(str(version))}</b> "
+            "(KServe model server behind gemflow's gateway; every other path answers 404).</p>"
+            f"<table><tr><th>method</th><th>path</th><th>what</th></tr>{table}</table>"
+            f"<h2>Example</h2><pre>{example}</pre><p><code>gemflow rank --url http://HOST:PORT --user 42 "
+            "--candidates 7,8,9</code> sends the same request.</p></body></html>"
+        )
+        return page.encode()
 
     async def _model_route(self, route: str, scope, receive, reply: Reply) -> None:
         if route == "ready":  # probes carry no token

@@ -50,6 +50,17 @@ def _pairs(overrides: list[str]):
         yield key.strip(), value
 
 
+def write_event(extra: dict) -> None:
+    """Metadata for the asset event of the Airflow task running this command (``GEMFLOW_EVENT_FILE``, set by
+    ``dags/gemflow_stage.run_cli``); nothing outside a DAG task."""
+    import json
+    import os
+
+    path = os.environ.get("GEMFLOW_EVENT_FILE")
+    if path:
+        Path(path).write_text(json.dumps(extra, default=str))
+
+
 def parse_date(value: str) -> dt.date:
     try:
         return dt.date.fromisoformat(value)

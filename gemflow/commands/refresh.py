@@ -16,7 +16,15 @@ from typing import Annotated
 
 import typer
 
-from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
+from gemflow.commands.common import (
+    ConfigOpt,
+    SetOpt,
+    WorkspaceOpt,
+    config,
+    parse_date,
+    workspace,
+    write_event,
+)
 from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
 from gemflow.exit_codes import FAILED as MISMATCH_EXIT
 from gemflow.exit_codes import UNCHANGED as UNCHANGED_EXIT  # the task is skipped, its outlets publish nothing
@@ -136,7 +144,10 @@ def register(app: typer.Typer) -> None:
             raise _fail(err) from err
         verdict = "PROMOTED to @champion" if decision.promoted else "stays @challenger"
         typer.echo(f"{version.name} v{version.version} from {run}: {verdict}: {decision.reason}")
+        write_event({"model": version.name, "version": str(version.version), "run_dir": str(run),
+                     "model_uri": f"models:/{version.name}/{version.version}"})  # fmt: skip
         if not decision.promoted:
+            typer.echo(f"nothing to do: {version.name} v{version.version} {verdict}: {decision.reason}")
             raise typer.Exit(code=UNCHANGED_EXIT)
 
     @app.command("refresh-embeddings")
@@ -182,7 +193,61 @@ def register(app: typer.Typer) -> None:
         except (ValueError, FileNotFoundError, LookupError, MlflowException) as err:
             raise _fail(err) from err
         summary.pop("config")
+        write_event({"day": summary["date"], "user_model_version": str(summary["model_version"]),
+                     "model_uri": summary["resolved_uri"]})  # fmt: skip
         typer.echo(json.dumps(summary, indent=2))
+
+    @app.command("backfill-embeddings")
+    def backfill_cmd(
+        through: Annotated[
+            str,
+            typer.Option(help="The refreshed day whose model version the backfill matches; '' = the newest."),
+        ] = "",
+        nproc: Annotated[int | None, typer.Option("--nproc", help="Worker processes.")] = None,
+        tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI.")] = None,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Embed every ingested day before --through with the model that refreshed --through, where missing.
+
+        A ranker example of day d joins the embedding live at d (point in time): after a new user model the
+        earlier days need its embeddings too. Days already refreshed by that version are left alone."""
+        from mlflow.exceptions import MlflowException
+
+        from models.embeddings.refresh import RefreshConfig, refresh_embeddings, summary_dir
+
+        _logging()
+        w = workspace(ws)
+        refreshed = sorted(
+            p.parent.parent.name[5:]
+            for p in (w.root / "reports").glob("date=*/user_embedding/refresh_summary.json")
+        )
+        if not through and not refreshed:
+            raise _fail(FileNotFoundError("no embedding refresh yet: nothing to backfill from"))
+        end = parse_date(through or refreshed[-1])
+        last = summary_dir(w, end) / "refresh_summary.json"
+        if not last.exists():
+            raise _fail(FileNotFoundError(f"{end} has no embedding refresh ({last}): refresh it first"))
+        target = json.loads(last.read_text())
+        done = []
+        days = sorted(p.name[5:] for p in w.offline("events").glob("date=*"))
+        for day in (d for d in days if d < end.isoformat()):
+            summary = summary_dir(w, parse_date(day)) / "refresh_summary.json"
+            if (
+                summary.exists()
+                and json.loads(summary.read_text()).get("model_version") == target["model_version"]
+            ):
+                continue
+            cfg = RefreshConfig(date=day, model_uri=target["resolved_uri"])
+            cfg.nproc = nproc or cfg.nproc
+            if tracking_uri:
+                cfg.tracking_uri = tracking_uri
+            try:
+                refresh_embeddings(w, cfg)
+            except (ValueError, FileNotFoundError, LookupError, MlflowException) as err:
+                raise _fail(err) from err
+            done.append(day)
+        typer.echo(json.dumps({"through": end.isoformat(), "model_version": target["model_version"],
+                               "refreshed": done}))  # fmt: skip
 
     def _champion_exists(cfg, w) -> bool:
         from mlflow.exceptions import MlflowException

@@ -29,9 +29,18 @@ def test_dags_import_without_errors(tmp_path):
         env = airflow_env(tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
         out = run_airflow_python(DAGBAG, env)
         assert out["errors"] == {}, f"{mode}: {out['errors']}"
-        assert {"gemflow_ingest", "gemflow_register", "gemflow_refresh", "gemflow_deploy"} <= set(out["dags"])
+        assert {"gemflow_ingest", "gemflow_train", "gemflow_register", "gemflow_refresh", "gemflow_ranker",
+                "gemflow_deploy"} <= set(out["dags"])  # fmt: skip
+        assert "gemflow_land" not in out["dags"]  # only on the embedded default (GEMFLOW_LANDING=synthetic)
         ingest = out["dags"]["gemflow_ingest"]
-        assert ingest["tasks"] == ["ingest"]
+        # locally a sensor waits for the day's raw logs (the workspace is on this machine)
+        assert ingest["tasks"] == (["ingest", "wait_for_raw_logs"] if mode == "local" else ["ingest"])
         assert ingest["outlets"] == ["gemflow.features"]
         assert ingest["catchup"] is False
         assert ingest["timetable"] == "CronDataIntervalTimetable"
+
+    env = airflow_env(tmp_path, GEMFLOW_LANDING="synthetic", GEMFLOW_START_DATE="2026-03-01")
+    out = run_airflow_python(DAGBAG, env)
+    assert out["errors"] == {}, out["errors"]
+    assert out["dags"]["gemflow_land"]["outlets"] == ["gemflow.raw_logs"]
+    assert out["dags"]["gemflow_land"]["catchup"] is out["dags"]["gemflow_ingest"]["catchup"] is True

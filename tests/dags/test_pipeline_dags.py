@@ -28,19 +28,24 @@ import json
 from airflow.dag_processing.dagbag import BundleDagBag
 bag = BundleDagBag(dag_folder={str(DAGS)!r}, bundle_path={str(DAGS)!r})
 out = {{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "dags": {{}}}}
-for dag_id in ("gemflow_register", "gemflow_refresh", "gemflow_deploy"):
+for dag_id in ("gemflow_register", "gemflow_refresh", "gemflow_deploy", "gemflow_train", "gemflow_ranker"):
     dag = bag.dags[dag_id]
     cond = dag.timetable.asset_condition
     out["dags"][dag_id] = {{
         "schedule": [type(cond).__name__, sorted(a.name for a in cond.objects)],
         "catchup": dag.catchup,
         "params": sorted(dag.params.keys()),
+        "param_docs": {{k: dag.params.get_param(k).description for k in dag.params.keys()}},
+        "doc": bool(dag.doc_md),
         "tasks": {{
             t.task_id: {{
                 "outlets": sorted(o.name for o in t.outlets),
                 "upstream": sorted(t.upstream_task_ids),
                 "trigger_rule": str(t.trigger_rule.value),
                 "operator": type(t).__name__,
+                "timeout": t.execution_timeout.total_seconds() if t.execution_timeout else None,
+                "retries": t.retries,
+                "on_failure": bool(t.on_failure_callback),
                 "command": list(t.op_args[0]) if hasattr(t, "op_args") else list(t.arguments),
             }}
             for t in dag.tasks
@@ -63,7 +68,7 @@ def test_pipeline_dags_wiring(tmp_path):
         assert reg["schedule"] == ["AssetAll", ["gemflow.user_model"]]
         gate = reg["tasks"]["register_and_gate"]
         assert gate["outlets"] == ["gemflow.champion"] and gate["operator"] == operator
-        assert [c for c in gate["command"] if not c.startswith("{{")] == [
+        assert [c for c in gate["command"] if not c.startswith(("{{", "{%"))] == [
             "register-run", "--kind", "--run-dir", "--training-set", "--calibration-low", "--calibration-high",
         ]  # fmt: skip
 
@@ -73,7 +78,11 @@ def test_pipeline_dags_wiring(tmp_path):
             refresh["outlets"] == ["gemflow.embeddings"] and "--skip-without-champion" in refresh["command"]
         )
 
-        assert dep["schedule"] == ["AssetAll", ["gemflow.embeddings"]]
+        # the run acts on what its event names: the run folder (register), the version (refresh, deploy)
+        assert any("e.extra.get('run_dir')" in c for c in gate["command"])
+        assert any("e.extra.get('model_uri')" in c for c in refresh["command"])
+        assert dep["schedule"] == ["AssetAll", ["gemflow.ranker_champion"]]
+        assert any("e.extra.get('model_uri')" in c for c in dep["tasks"]["deploy"]["command"])
         tasks = dep["tasks"]
         assert set(tasks) == {"deploy", "smoke_test", "promote", "roll_back"}
         assert tasks["smoke_test"]["upstream"] == ["deploy"]
@@ -82,6 +91,20 @@ def test_pipeline_dags_wiring(tmp_path):
         assert tasks["roll_back"]["trigger_rule"] == "one_failed"
         assert tasks["deploy"]["command"][tasks["deploy"]["command"].index("--mode") + 1] == mode
         assert all(t["outlets"] == [] for t in tasks.values()) and reg["catchup"] is ref["catchup"] is False
+
+        train, ranker = out["dags"]["gemflow_train"], out["dags"]["gemflow_ranker"]
+        assert train["schedule"] == ["AssetAll", ["gemflow.features"]]
+        assert train["tasks"]["build_training_set"]["upstream"] == ["training_due"]  # the trigger rule first
+        assert train["tasks"]["train_user_model"]["outlets"] == ["gemflow.user_model"]
+        assert ranker["schedule"] == ["AssetAll", ["gemflow.embeddings"]]
+        assert [t for t, v in ranker["tasks"].items() if v["outlets"]] == ["register_and_gate"]
+        assert ranker["tasks"]["register_and_gate"]["outlets"] == ["gemflow.ranker_champion"]
+        assert ranker["tasks"]["backfill_embeddings"]["upstream"] == ["training_due"]
+        # Airflow as users expect: typed, described params; docs; a timeout and a failure callback per stage
+        for d in (reg, ref, dep, train, ranker):
+            assert d["doc"] and all(d["param_docs"].values()), d["param_docs"]
+            assert all(t["timeout"] and t["on_failure"] for t in d["tasks"].values())
+        assert gate["retries"] == 0 and ranker["tasks"]["register_and_gate"]["retries"] == 0
 
 
 # ----------------------------------------------------------------------------------------------- dag.test runs

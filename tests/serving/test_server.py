@@ -301,9 +301,19 @@ def test_readiness_reports_model_and_feature_store(server):
     assert get(f"{server}/v1/models/{MODEL}")[0] == 200
 
 
+def test_docs_page_lists_the_servers_routes(server):
+    """``/docs`` is the gateway's own page (KServe's Swagger UI loads its scripts from a CDN): no token needed."""
+    with urllib.request.urlopen(f"{server}/docs", timeout=10) as r:
+        page = r.read().decode()
+        assert r.status == 200 and r.headers["content-type"].startswith("text/html")
+    for route in (f"/v1/models/{MODEL}:predict", f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/ready"):
+        assert route in page
+    assert "<script" not in page
+
+
 @pytest.mark.parametrize(
     ("method", "path", "code"),
-    [("POST", f"/v1/models/{MODEL}:explain", 404), ("GET", "/docs", 404), ("GET", "/openapi.json", 404),
+    [("POST", f"/v1/models/{MODEL}:explain", 404), ("POST", "/docs", 404), ("GET", "/openapi.json", 404),
      ("POST", f"/v2/models/{MODEL}/versions/1/infer", 404), ("GET", f"/v2/models/{MODEL}/infer", 405),
      ("DELETE", f"/v1/models/{MODEL}:predict", 405), ("POST", "/v1/models/other:predict", 404),
      ("GET", "/v2/models/other/ready", 404), ("GET", "/v2", 200), ("GET", "/v2/models", 200)],

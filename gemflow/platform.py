@@ -1,0 +1,623 @@
+"""``gemflow up`` / ``gemflow down``: the embedded platform as long-running local processes.
+
+``up`` starts, on the workspace's embedded defaults:
+
+- the MLflow tracking server with its UI (SQLite backend and artifacts under ``<ws>/mlflow``);
+- the Airflow 3 components one machine runs (from ``.venv-airflow``, whose ``bin`` is put first on ``PATH``:
+  Airflow starts its helpers by the bare name ``airflow``): the API server with the UI, the scheduler
+  (``LocalExecutor``), the DAG processor and the triggerer, all on ``<ws>/airflow`` (SQLite metadata DB);
+- the ranker endpoint (``gemflow deploy --mode local``) when the registry already holds a ranker ``@champion``;
+  otherwise the deploy DAG starts it once the pipeline has promoted one.
+
+Every service binds ``127.0.0.1`` (``host``); each port is checked free before anything starts. Airflow's log
+servers (8793/8794 by default) are not started at all (``--skip-serve-logs``): they bind every interface and only
+serve logs to other machines, while here the API server reads the task logs from ``<ws>/airflow/logs`` directly.
+The Airflow API port moves ``AIRFLOW__API__BASE_URL`` and the execution API URL with it.
+
+Each service runs in its own session (process group); ``up`` records the pid, the process group and the start
+time of each in ``<ws>/platform/state.json`` and gives every process it starts one marker variable
+(``GEMFLOW_PLATFORM_ID``) that all their descendants inherit. ``down`` stops the recorded process groups (TERM,
+then KILL after a grace period), then every process still carrying the marker: task processes, training ranks
+and the model server started by a deploy task leave their parent's group, but not its environment. Logs of each
+service are in ``<ws>/platform/logs/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gemflow.workspace import Workspace
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "GEMFLOW_PLATFORM_ID"
+
+
+class PlatformError(RuntimeError):
+    """The platform cannot start (a port is taken, a component exited) or is in an unexpected state."""
+
+
+@dataclass
+class PlatformConfig:
+    host: str = "127.0.0.1"  # every service binds here
+    airflow_port: int = 8280  # Airflow API server + UI (8080 is the ranker endpoint's)
+    mlflow_port: int = 5000
+    endpoint_port: int = 8080  # the ranker's KServe endpoint (the deploy DAG's default port)
+    airflow_venv: str = ""  # "" = <repo>/.venv-airflow
+    parallelism: int = 2  # LocalExecutor task slots (each stage is itself multi-process on 2 cores)
+    api_workers: int = 1
+    dag_refresh_seconds: int = 30  # how often the DAG processor rescans dags/
+    start_timeout: float = 600.0  # per service, until it answers (minutes on 2 busy cores)
+    stop_timeout: float = 30.0  # TERM -> KILL grace per process group
+    unpause: bool = True  # new DAGs start unpaused: the pipeline runs itself
+    deploy_endpoint: bool = True  # start the ranker endpoint when a champion exists
+    # the embedded pipeline (what the DAGs default to; see dags/gemflow_stage.Embedded)
+    landing: str = "synthetic"  # synthetic: gemflow_land writes each day; external: you land the logs
+    backfill_days: int = 3  # a fresh workspace starts this many days back (train + valid + test)
+    synthetic_config: str = "configs/embedded-synthetic.yaml"
+    user_config: str = "configs/embedded-user.yaml"
+    ranker_config: str = "configs/embedded-ranker.yaml"
+    nproc: int = 1  # training ranks / refresh workers: one rank per task on 2 cores with 2 task slots
+    calibration_low: float = 0.5  # minutes-long embedded models are not calibrated to production bounds
+    calibration_high: float = 2.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Service:
+    name: str
+    pid: int
+    pgid: int
+    start_ticks: int  # /proc/<pid>/stat field 22: tells a recorded pid from a reused one
+    cmd: list[str]
+    log: str
+    url: str = ""
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _repo_path(value: str) -> str:
+    """A config path relative to the repository (what the YAML says) made absolute; "" stays "" (defaults)."""
+    if not value:
+        return ""
+    path = Path(value)
+    return str(path if path.is_absolute() else REPO / path)
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None  # exited, not yet reaped
+    return int(fields[19])
+
+
+def _alive(svc: Service) -> bool:
+    return _start_ticks(svc.pid) == svc.start_ticks
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Every live process of this user whose environment carries ``GEMFLOW_PLATFORM_ID=<marker>``."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and _start_ticks(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (nor on the wildcard address, which would shadow it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) != 0
+
+
+def _http_ok(url: str, timeout: float = 3.0) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body = r.read()
+            return json.loads(body) if body.strip().startswith(b"{") else {"status": r.status}
+    except (OSError, ValueError, urllib.error.HTTPError):
+        return None
+
+
+def champion_version(ws: Workspace, name: str) -> str | None:
+    """The version ``name@champion`` points at in the workspace's registry, None when there is none."""
+    import warnings
+
+    from mlflow.exceptions import MlflowException
+
+    from models.embeddings.refresh import mlflow_client
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy deprecations inside MLflow's store, not ours
+        try:
+            return str(mlflow_client("", ws).get_model_version_by_alias(name, "champion").version)
+        except MlflowException:
+            return None
+
+
+class AirflowApi:
+    """Airflow's public REST API as the embedded simple auth manager's ``admin`` (its generated password)."""
+
+    def __init__(self, base: str, passwords: Path, user: str = "admin"):
+        self.base, self.token = base, ""
+        body = json.dumps({"username": user, "password": json.loads(passwords.read_text())[user]}).encode()
+        self.token = self.call("POST", "/auth/token", body)["access_token"]
+
+    def call(self, method: str, path: str, data: bytes | None = None) -> dict:
+        req = urllib.request.Request(f"{self.base}{path}", data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def runs(self, dag_id: str = "~") -> list[dict]:
+        return self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=500&order_by=start_date")["dag_runs"]
+
+    def tasks(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
+        return {t["task_id"]: t for t in self.call("GET", path)["task_instances"]}
+
+    def events(self, asset_name: str) -> list[dict]:
+        assets = self.call("GET", f"/api/v2/assets?name_pattern={urllib.parse.quote(asset_name)}")["assets"]
+        asset = next((a for a in assets if a["name"] == asset_name), None)
+        if asset is None:
+            return []
+        return self.call("GET", f"/api/v2/assets/events?asset_id={asset['id']}&limit=100")["asset_events"]
+
+
+# ---------------------------------------------------------------- the platform
+
+
+class Platform:
+    def __init__(self, ws: Workspace, cfg: PlatformConfig | None = None):
+        self.ws = ws
+        self.cfg = cfg or PlatformConfig()
+        self.dir = ws.root / "platform"
+        self.logs = self.dir / "logs"
+        self.state_file = self.dir / "state.json"
+        self.airflow_home = ws.root / "airflow"
+        venv = Path(self.cfg.airflow_venv) if self.cfg.airflow_venv else REPO / ".venv-airflow"
+        self.airflow_bin = venv / "bin"
+        self.project_bin = Path(sys.executable).parent
+
+    # urls
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.airflow_port}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.mlflow_port}"
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.endpoint_port}"
+
+    def api(self) -> AirflowApi:
+        state = self.read_state()
+        if state is None:
+            raise PlatformError(f"the platform is not running from {self.ws.root} (no {self.state_file})")
+        port = state["config"]["airflow_port"]
+        host = state["config"]["host"]
+        return AirflowApi(
+            f"http://{host}:{port}", self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        )
+
+    def wait_for(self, dag_id: str, timeout: float, echo=print, poll: float = 15.0) -> dict:
+        """Block until ``dag_id`` has a successful run; echo each run that finishes meanwhile; fail on a failed
+        run of any DAG (with its id and note)."""
+        api, seen = self.api(), set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in api.runs():
+                key = (r["dag_id"], r["dag_run_id"], r["state"])
+                if r["state"] in ("success", "failed") and key not in seen:
+                    seen.add(key)
+                    note = f"  ({r['note']})" if r.get("note") else ""
+                    echo(f"{r['end_date'][11:19]}  {r['dag_id']:<17} {r['state']:<8} {r['dag_run_id']}{note}")
+                if r["state"] == "failed":
+                    raise PlatformError(f"{r['dag_id']} run {r['dag_run_id']} failed; see the Airflow UI")
+                if r["dag_id"] == dag_id and r["state"] == "success":
+                    return r
+            time.sleep(poll)
+        raise PlatformError(f"no successful {dag_id} run within {timeout:.0f}s")
+
+    # state
+    def read_state(self) -> dict | None:
+        if not self.state_file.exists():
+            return None
+        return json.loads(self.state_file.read_text())
+
+    def _write_state(self, state: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    def running(self) -> list[Service]:
+        state = self.read_state() or {}
+        return [s for s in (Service(**d) for d in state.get("services", [])) if _alive(s)]
+
+    # environment
+    def _secret(self, name: str) -> str:
+        """A secret kept in the workspace, so restarts keep sessions and JWTs valid across components."""
+        path = self.dir / "secrets" / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.write_text(secrets.token_urlsafe(32))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def env(self, marker: str) -> dict[str, str]:
+        c = self.cfg
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "VIRTUAL_ENV", MARKER))}
+        path = os.pathsep.join(
+            [str(self.airflow_bin), str(self.project_bin), keep.get("PATH", "/usr/bin:/bin")]
+        )
+        env = {
+            **keep,
+            "PATH": path,
+            MARKER: marker,
+            "GEMFLOW_HOME": str(self.ws.root),
+            "GEMFLOW_BIN": str(self.project_bin / "gemflow"),
+            "GEMFLOW_MODE": "local",
+            "GEMFLOW_ENDPOINT_PORT": str(c.endpoint_port),
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            "GX_ANALYTICS_ENABLED": "false",
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # its job runner is 7 idle processes on 2 cores
+            "TORCH_EXTENSIONS_DIR": os.environ.get(
+                "TORCH_EXTENSIONS_DIR", str(REPO / ".cache/torch_extensions")
+            ),
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(c.parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(not c.unpause),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+            "AIRFLOW__API__HOST": c.host,
+            "AIRFLOW__API__PORT": str(c.airflow_port),
+            "AIRFLOW__API__BASE_URL": self.airflow_url,
+            "AIRFLOW__API__WORKERS": str(c.api_workers),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.airflow_url}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt"),
+            "AIRFLOW__API__SECRET_KEY": self._secret("api"),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            # tasks write their "nothing to do" / gate notes through the public API (dags/gemflow_stage.note)
+            "GEMFLOW_AIRFLOW_API": self.airflow_url,
+            "GEMFLOW_AIRFLOW_PASSWORDS_FILE": str(
+                self.airflow_home / "simple_auth_manager_passwords.json.generated"
+            ),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": str(c.dag_refresh_seconds),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # a task's first call to the execution API timed out at the default 5 s on 2 busy cores
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+        }
+        env.update(
+            GEMFLOW_LANDING=c.landing,
+            GEMFLOW_START_DATE=self.start_date().isoformat(),
+            GEMFLOW_SYNTHETIC_CONFIG=_repo_path(c.synthetic_config),
+            GEMFLOW_USER_CONFIG=_repo_path(c.user_config),
+            GEMFLOW_RANKER_CONFIG=_repo_path(c.ranker_config),
+            GEMFLOW_NPROC=str(c.nproc),
+            GEMFLOW_CALIBRATION_LOW=str(c.calibration_low),
+            GEMFLOW_CALIBRATION_HIGH=str(c.calibration_high),
+        )
+        env.update(c.extra_env)
+        return env
+
+    def start_date(self) -> dt.date:
+        """The embedded pipeline's first day, fixed at the first ``up`` of a workspace (``backfill_days`` back)."""
+        path = self.dir / "embedded.json"
+        if path.exists():
+            return dt.date.fromisoformat(json.loads(path.read_text())["start_date"])
+        day = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=self.cfg.backfill_days)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"start_date": day.isoformat()}))
+        return day
+
+    # start
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], url: str = "") -> Service:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with open(log, "ab") as out:
+            out.write(f"\n=== {dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ} {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.ws.root, start_new_session=True
+            )
+        ticks = None
+        for _ in range(50):
+            ticks = _start_ticks(proc.pid)
+            if ticks is not None:
+                break
+            time.sleep(0.02)
+        return Service(name, proc.pid, proc.pid, ticks or 0, cmd, str(log), url)
+
+    def _wait(self, svc: Service, ready, what: str) -> None:
+        deadline = time.monotonic() + self.cfg.start_timeout
+        while time.monotonic() < deadline:
+            if not _alive(svc):
+                tail = Path(svc.log).read_text(errors="replace")[-3000:]
+                raise PlatformError(f"{svc.name} exited while starting; {svc.log} ends with:\n{tail}")
+            if ready():
+                return
+            time.sleep(1.0)
+        raise PlatformError(f"{svc.name} was not {what} within {self.cfg.start_timeout:.0f}s; see {svc.log}")
+
+    def check_ports(self) -> None:
+        c = self.cfg
+        ports = {
+            "airflow_port": c.airflow_port,
+            "mlflow_port": c.mlflow_port,
+            "endpoint_port": c.endpoint_port,
+        }
+        seen: dict[int, str] = {}
+        for key, port in ports.items():
+            if port in seen:
+                raise PlatformError(f"{key} and {seen[port]} are both {port}: give each service its own port")
+            seen[port] = key
+        taken = [f"{key}={port}" for key, port in ports.items() if not port_free(c.host, port)]
+        if taken:
+            raise PlatformError(
+                f"port(s) already in use on {c.host}: {', '.join(taken)}; stop what holds them or choose others "
+                f"(gemflow up --set airflow_port=… / mlflow_port=… / endpoint_port=…)"
+            )
+
+    def up(self, echo=print) -> dict:
+        live = self.running()
+        if live:
+            raise PlatformError(
+                f"the platform already runs on {self.ws.root} ({', '.join(s.name for s in live)}): "
+                f"`gemflow down` first"
+            )
+        if self.state_file.exists():  # a previous run died without `down`: clean up what it left
+            self.down(echo=lambda *_: None)
+        airflow = self.airflow_bin / "airflow"
+        if not airflow.exists():
+            raise PlatformError(f"the Airflow environment is missing ({airflow}); run `make setup`")
+        self.check_ports()
+        marker = uuid.uuid4().hex
+        env = self.env(marker)
+        state = {
+            "marker": marker,
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "config": asdict(self.cfg),
+            "services": [],
+        }
+        self._write_state(state)  # before the first spawn: `down` can always find the marker
+
+        def record(svc: Service) -> Service:
+            state["services"].append(asdict(svc))
+            self._write_state(state)
+            return svc
+
+        try:
+            self._start_all(env, record, echo)
+        except BaseException:
+            echo("start failed: stopping what was started")
+            self.down(echo=echo)
+            raise
+        return state
+
+    def _start_all(self, env: dict[str, str], record, echo) -> None:
+        from models.registry.server import server_command
+
+        c = self.cfg
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
+        mlflow = record(self._spawn("mlflow", self.mlflow_command(server_command), env, self.mlflow_url))
+        echo(f"mlflow          pid {mlflow.pid}  starting on {self.mlflow_url}")
+
+        t0 = time.monotonic()
+        migrate = subprocess.run(
+            [str(self.airflow_bin / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True
+        )
+        if migrate.returncode:
+            raise PlatformError(
+                f"airflow db migrate failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-2000:]}"
+            )
+        echo(f"airflow db      migrated in {time.monotonic() - t0:.0f}s ({self.airflow_home / 'airflow.db'})")
+
+        af = str(self.airflow_bin / "airflow")
+        api = record(self._spawn(
+            "airflow-api-server",
+            [af, "api-server", "--host", c.host, "--port", str(c.airflow_port), "--workers", str(c.api_workers)],
+            env, self.airflow_url,
+        ))  # fmt: skip
+        echo(f"api-server      pid {api.pid}  starting on {self.airflow_url}")
+        # The scheduler's tasks talk to the execution API from their first second: a task started before the API
+        # server listens fails at once ("Connection refused"), so the API server answers before anything runs.
+        health = f"{self.airflow_url}/api/v2/monitor/health"
+        self._wait(api, lambda: _http_ok(health) is not None, "answering /api/v2/monitor/health")
+        echo(f"api-server      answering after {time.monotonic() - t0:.0f}s")
+        for name, cmd in (
+            ("airflow-scheduler", [af, "scheduler", "--skip-serve-logs"]),
+            ("airflow-dag-processor", [af, "dag-processor"]),
+            ("airflow-triggerer", [af, "triggerer", "--skip-serve-logs"]),
+        ):
+            svc = record(self._spawn(name, cmd, env))
+            echo(f"{name[8:]:<15} pid {svc.pid}")
+
+        self._wait(mlflow, lambda: _http_ok(f"{self.mlflow_url}/health") is not None, "answering /health")
+        echo(f"mlflow          ready: {self.mlflow_url}")
+        self._wait(api, lambda: self._airflow_healthy(), "healthy (scheduler, DAG processor, triggerer)")
+        echo(f"airflow         ready: {self.airflow_url}")
+        if c.deploy_endpoint:
+            self._deploy_endpoint(env, record, echo)
+
+    def mlflow_command(self, server_command) -> list[str]:
+        """The MLflow server on the workspace's backend, its artifacts a local folder (not ``mlflow-artifacts:/``).
+
+        The stages write to the same SQLite backend and artifact folder directly (as without the platform); a
+        server that proxied artifacts would give the experiments it creates (``Default``) an
+        ``mlflow-artifacts:/`` location that such a client cannot write to ("When an mlflow-artifacts URI was
+        supplied, the tracking URI must be a valid http or https URI")."""
+        cmd = server_command(self.ws.mlflow, self.cfg.host, self.cfg.mlflow_port)
+        i = cmd.index("--artifacts-destination")
+        artifacts = (self.ws.mlflow / "artifacts").resolve().as_uri()
+        return [*cmd[:i], "--default-artifact-root", artifacts, "--no-serve-artifacts", *cmd[i + 2 :]]
+
+    def _airflow_healthy(self) -> bool:
+        health = _http_ok(f"{self.airflow_url}/api/v2/monitor/health")
+        if not health:
+            return False
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all((health.get(p) or {}).get("status") == "healthy" for p in parts)
+
+    def _deploy_endpoint(self, env: dict[str, str], record, echo) -> None:
+        """Serve the ranker champion now if there is one; otherwise the deploy DAG will."""
+        gemflow = str(self.project_bin / "gemflow")
+        version = champion_version(self.ws, "gem-ranker")
+        if version is None:
+            echo(
+                "endpoint        no gem-ranker@champion yet: the gemflow_deploy DAG starts it once one is promoted"
+            )
+            return
+        log = self.logs / "endpoint-deploy.log"
+        with open(log, "ab") as out:
+            done = subprocess.run(
+                [gemflow, "deploy", "--mode", "local", "--port", str(self.cfg.endpoint_port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        if done.returncode:
+            echo(f"endpoint        deploy failed (exit {done.returncode}); see {log}")
+            return
+        pid_file = self.ws.root / "serving" / "server.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text())
+            record(
+                Service(
+                    "endpoint",
+                    pid,
+                    pid,
+                    _start_ticks(pid) or 0,
+                    ["gemflow", "serve"],
+                    str(log),
+                    self.endpoint_url,
+                )
+            )
+        echo(f"endpoint        ready: {self.endpoint_url} (gem-ranker@champion v{version})")
+
+    def restart(self, name: str, echo=print) -> Service:
+        """Start the recorded service ``name`` again (same command, environment and marker), e.g. after it was
+        killed: its old process group is stopped first if anything of it is left. ``down`` stops the new one."""
+        state = self.read_state()
+        if state is None:
+            raise PlatformError(f"the platform is not running from {self.ws.root} (no {self.state_file})")
+        services = [Service(**d) for d in state["services"]]
+        old = next((s for s in services if s.name == name), None)
+        if old is None:
+            raise PlatformError(f"no service {name!r}; recorded: {', '.join(s.name for s in services)}")
+        if name == "endpoint":
+            raise PlatformError("the endpoint is the deploy DAG's: trigger gemflow_deploy to restart it")
+        # The old group goes whole, its leader dead or not: a killed scheduler's workers and task processes
+        # would otherwise stay behind as orphans (its tasks are then retried by the new scheduler).
+        _signal_group(old.pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_timeout
+        while _group_alive(old.pgid) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        _signal_group(old.pgid, signal.SIGKILL)
+        self.cfg = PlatformConfig(**state["config"])
+        new = self._spawn(name, old.cmd, self.env(state["marker"]), old.url)
+        state["services"] = [asdict(new) if s.name == name else asdict(s) for s in services]
+        self._write_state(state)
+        echo(f"restarted {name}: pid {new.pid} (was {old.pid})")
+        return new
+
+    # stop
+    def down(self, echo=print) -> list[str]:
+        """Stop the recorded process groups, then every process still carrying the marker; forget the state."""
+        state = self.read_state()
+        if state is None:
+            echo(f"nothing recorded under {self.state_file}: the platform is not running from this workspace")
+            return []
+        services = [Service(**d) for d in state.get("services", [])]
+        marker = state["marker"]
+        stopped = []
+        for svc in reversed(services):
+            if _alive(svc):
+                _signal_group(svc.pgid, signal.SIGTERM)
+                stopped.append(f"{svc.name} (pid {svc.pid})")
+        others = [p for p in _marked_pids(marker)]
+        for pid in others:
+            _signal_pid(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_timeout
+        while time.monotonic() < deadline and (any(_alive(s) for s in services) or _marked_pids(marker)):
+            time.sleep(0.3)
+        leftovers = _marked_pids(marker)
+        for svc in services:
+            if _alive(svc):
+                _signal_group(svc.pgid, signal.SIGKILL)
+        for pid in leftovers:
+            _signal_pid(pid, signal.SIGKILL)
+        if leftovers:
+            echo(f"killed {len(leftovers)} process(es) that ignored SIGTERM: {leftovers}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _marked_pids(marker):
+            time.sleep(0.2)
+        still = _marked_pids(marker)
+        if still:
+            raise PlatformError(f"processes of this platform survived SIGKILL: {still}")
+        pid_file = self.ws.root / "serving" / "server.pid"
+        if pid_file.exists() and not _start_ticks(int(pid_file.read_text())):
+            pid_file.unlink()  # the endpoint went down with the platform
+        self.state_file.unlink()
+        for line in stopped:
+            echo(f"stopped {line}")
+        if others:
+            echo(
+                f"stopped {len(others)} more process(es) started by the platform (tasks, ranks, model server)"
+            )
+        return stopped
