@@ -72,8 +72,8 @@ class PlatformConfig:
     user_config: str = "configs/embedded-user.yaml"
     ranker_config: str = "configs/embedded-ranker.yaml"
     nproc: int = 1  # training ranks / refresh workers: one rank per task on 2 cores with 2 task slots
-    calibration_low: float = 0.5  # minutes-long embedded models are not calibrated to production bounds
-    calibration_high: float = 2.0
+    calibration_low: float = 0.8  # the register gates' bounds: production's unless a config widens them
+    calibration_high: float = 1.25
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
