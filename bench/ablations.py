@@ -258,10 +258,8 @@ def print_table(out: dict) -> None:
         f"\n{'variant':<13} {'valid NE':>9} {'test NE':>9} {'test AUC':>9} {'calib':>7} {'conv NE':>8} {'sec':>6}"
     )
     for name, m in rows.items():
-        if "test_ne" not in m:  # a next-item user model: no click head; its offline cost
-            print(
-                f"{name:<13} (no click head) offline embedding {m['embed_flops_per_user'] / 1e6:.1f} MFLOP/user"
-            )
+        if "test_ne" not in m:  # a reused or next-item user model: not scored here; its offline cost
+            print(f"{name:<13} offline embedding {m['embed_flops_per_user'] / 1e6:.1f} MFLOP/user")
             continue
         print(
             f"{name:<13} {m['valid_ne']:>9.4f} {m['test_ne']:>9.4f} {m['test_auc']:>9.4f} "
