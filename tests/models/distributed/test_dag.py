@@ -1,4 +1,5 @@
-"""The training DAG (dags/gemflow_train.py) imports in the Airflow environment and wires FEATURES -> USER_MODEL.
+"""The training DAG (dags/gemflow_train.py) imports in the Airflow environment and wires FEATURES -> (trigger rule)
+-> USER_MODEL.
 
 Lives beside the distributed trainer it launches; it runs in the Airflow interpreter like tests/dags.
 """
@@ -34,7 +35,8 @@ def test_train_dag_builds_the_set_then_launches_the_distributed_job(tmp_path):
         env = airflow_env(tmp_path / mode, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
         out = run_airflow_python(WIRING, env)
         assert out["errors"] == {}, out["errors"]
-        assert out["tasks"] == ["build_training_set", "train_user_model"]
+        # the trigger rule gates the build; the training is recorded for the next rule check
+        assert out["tasks"] == ["build_training_set", "record_training", "train_user_model", "training_due"]
         assert out["upstream"] == ["build_training_set"]
         assert out["outlets"] == ["gemflow.user_model"]
         assert out["schedule_assets"] == ["gemflow.features"]
