@@ -16,7 +16,17 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
-from gemflow_stage import EMBEDDINGS, RANKER_CHAMPION, RUN, Embedded, StageSettings, event_value, stage_task
+from gemflow_stage import (
+    EMBEDDINGS,
+    RANKER_CHAMPION,
+    RUN,
+    Embedded,
+    StageSettings,
+    event_value,
+    gate_params,
+    stage_task,
+    trigger_params,
+)
 
 E = Embedded.from_env()
 WS = StageSettings.from_env().workspace
@@ -34,25 +44,11 @@ USER_VERSION = event_value("user_model_version", "''", "last")
         "config": Param(
             E.ranker_config, type="string", description="Ranker training YAML; empty = defaults."
         ),
-        "through": Param("", type="string", description="Last day to train on (YYYY-MM-DD); empty = newest."),
         "nproc": Param(
             E.nproc, type="integer", minimum=1, maximum=64, description="Embedding backfill workers."
         ),
-        "min_days": Param(
-            3, type="integer", minimum=3, description="Ingested days needed before a first training."
-        ),
-        "retrain_every_days": Param(
-            1, type="integer", minimum=0, description="Retrain once the data is this old."
-        ),
-        "force": Param(
-            False, type="boolean", description="Train even if the trigger rule says nothing is due."
-        ),
-        "calibration_low": Param(
-            E.calibration_low, type="number", description="Lowest acceptable calibration."
-        ),
-        "calibration_high": Param(
-            E.calibration_high, type="number", description="Highest acceptable calibration."
-        ),
+        **trigger_params(),
+        **gate_params(E),
     },
     doc_md=__doc__,
     tags=["gemflow", "ranker"],

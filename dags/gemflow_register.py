@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
-from gemflow_stage import CHAMPION, USER_MODEL, Embedded, event_value, stage_task
+from gemflow_stage import CHAMPION, USER_MODEL, Embedded, event_value, gate_params, stage_task
 
 E = Embedded.from_env()
 
@@ -29,12 +29,7 @@ E = Embedded.from_env()
         "training_set": Param(
             "", type="string", description="Held-out data the gate judges on; empty = the run's."
         ),
-        "calibration_low": Param(
-            E.calibration_low, type="number", description="Lowest acceptable calibration."
-        ),
-        "calibration_high": Param(
-            E.calibration_high, type="number", description="Highest acceptable calibration."
-        ),
+        **gate_params(E),
     },
     doc_md=__doc__,
     tags=["gemflow", "registry"],

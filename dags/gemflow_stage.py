@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, Param
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 # gemflow.exit_codes holds every command's codes; this image lacks the package: tests/dags/test_exit_codes.py
@@ -90,6 +90,34 @@ class Embedded:
 
 # a folder-safe name per DAG run (asset-triggered runs have no logical date to key on)
 RUN = "{{ dag_run.run_id | replace(':', '-') | replace('+', '-') }}"
+
+
+def trigger_params() -> dict[str, Param]:
+    """The trigger rule's params (``gemflow train-due``), shared by the user-model and ranker DAGs."""
+    return {
+        "through": Param("", type="string", description="Last day to train on (YYYY-MM-DD); empty = newest."),
+        "min_days": Param(
+            3, type="integer", minimum=3, description="Ingested days needed before a first training."
+        ),
+        "retrain_every_days": Param(
+            1, type="integer", minimum=0, description="Retrain once the data is this old."
+        ),
+        "force": Param(
+            False, type="boolean", description="Train even if the trigger rule says nothing is due."
+        ),
+    }
+
+
+def gate_params(embedded: Embedded) -> dict[str, Param]:
+    """The register gate's calibration bounds, shared by the register and ranker DAGs."""
+    return {
+        "calibration_low": Param(
+            embedded.calibration_low, type="number", description="Lowest acceptable calibration."
+        ),
+        "calibration_high": Param(
+            embedded.calibration_high, type="number", description="Highest acceptable calibration."
+        ),
+    }
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,16 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
-from gemflow_stage import FEATURES, RUN, USER_MODEL, Embedded, StageSettings, event_value, stage_task
+from gemflow_stage import (
+    FEATURES,
+    RUN,
+    USER_MODEL,
+    Embedded,
+    StageSettings,
+    event_value,
+    stage_task,
+    trigger_params,
+)
 
 E = Embedded.from_env()
 WS = StageSettings.from_env().workspace
@@ -38,16 +47,7 @@ THROUGH = event_value("day", "params.through")  # the newest day the triggering 
         "config": Param(
             E.user_config, type="string", description="Training YAML; empty = TrainRunConfig defaults."
         ),
-        "through": Param("", type="string", description="Last day to train on (YYYY-MM-DD); empty = newest."),
-        "min_days": Param(
-            3, type="integer", minimum=3, description="Ingested days needed before a first training."
-        ),
-        "retrain_every_days": Param(
-            1, type="integer", minimum=0, description="Retrain once the data is this old."
-        ),
-        "force": Param(
-            False, type="boolean", description="Train even if the trigger rule says nothing is due."
-        ),
+        **trigger_params(),
     },
     doc_md=__doc__,
     tags=["gemflow", "training"],
