@@ -43,6 +43,11 @@ def test_a_blocked_loop_shows_up_as_lag():
 def test_freeze_heap_exempts_what_is_alive():
     try:
         assert freeze_heap() > 1000
-        assert PauseMonitor().snapshot()["frozen_objects"] == gc.get_freeze_count()
+        # A frozen object that is freed leaves the permanent generation, so the count can only fall between reads
+        # (other threads in the test process free objects at any time).
+        before = gc.get_freeze_count()
+        reported = PauseMonitor().snapshot()["frozen_objects"]
+        after = gc.get_freeze_count()
+        assert before >= reported >= after > 1000
     finally:
         gc.unfreeze()
