@@ -31,11 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models import onednn
 from models.config import RankerConfig
 from models.data import CANDIDATE_ID_FIELDS, EVENT_ID_FIELDS, Batch, Candidates, Events, Profile
 from models.layers import (
     DinPooling,
     FeatureInteraction,
+    FeedForward,
     TargetAwareBlock,
     jagged_concat,
     mlp_head,
@@ -187,7 +189,7 @@ class Ranker(nn.Module):
         var = (n_c * (var_c + (mean_c - mean) ** 2) + n_p * (var_p + (mean_p - mean) ** 2)) / (n_c + n_p)
         rstd = torch.rsqrt(var + norm.eps)
         from_profile = (profile * g[k:]) @ w[:, k:].T  # (hidden,)
-        z = torch.addmm(from_profile, cand, (w[:, :k] * g[:k]).T)  # (N, hidden)
+        z = onednn.linear(cand, w[:, :k] * g[:k], from_profile)  # (N, hidden)
         z = torch.addcmul(z, mean[:, None], (w @ g)[None], value=-1.0)
         z = torch.addcmul(first.bias + w @ b, z, rstd[:, None])
         return last(act(z))
@@ -202,13 +204,17 @@ class Ranker(nn.Module):
             y = q.new_zeros(n, d)
         else:
             heads = attn.heads
-            qh = attn.q(block.norm_q(q)).view(n, heads, d // heads)
+            qh = onednn.linear(block.norm_q(q), attn.q.weight, attn.q.bias).view(n, heads, d // heads)
             y = F.scaled_dot_product_attention(
                 qh.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
             )[0].transpose(0, 1)
             y = y.reshape(n, d)
-        q = q + attn.out(y)
-        return q + block.ffn(block.norm2(q))
+        q = onednn.linear(y, attn.out.weight, attn.out.bias, residual=q)
+        if not isinstance(block.ffn, FeedForward):  # e.g. a mixture of experts
+            return q + block.ffn(block.norm2(q))
+        up, _, down, _ = block.ffn.net  # Linear, GELU, Linear, Dropout (identity in eval)
+        h = onednn.linear(block.norm2(q), up.weight, up.bias, "gelu")
+        return onednn.linear(h, down.weight, down.bias, residual=q)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         side = self.user_side(batch.history, batch.profile, batch.user_tokens, batch.user_token_mask)

@@ -64,7 +64,7 @@ def _scores(model: Ranker, inputs, fast: bool, mask=None) -> torch.Tensor:
     ],  # fmt: skip
     ids=["default", "online_only", "interaction", "mean", "din", "one_layer_ffn4"],
 )
-@pytest.mark.parametrize(("events", "cands"), [([12], [30]), ([0], [7]), ([5, 9], [4, 11])])
+@pytest.mark.parametrize(("events", "cands"), [([12], [30]), ([12], [300]), ([0], [7]), ([5, 9], [4, 11])])
 def test_fast_path_equals_training_path(cfg, events, cands):
     model = _model(**cfg)
     inputs = _inputs(events, cands)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from models import onednn
 from models.config import RankerConfig
 from models.data import Candidates, Events, Profile
 from models.inference import build_model
@@ -49,7 +50,8 @@ def _user(n_events: int, tokens: bool) -> UserInputs:
 def _cands(n: int) -> Candidates:
     g = torch.Generator().manual_seed(2)
     return Candidates(
-        ad_id=torch.randperm(60, generator=g)[:n],  # includes ids beyond the vocabulary (OOV row)
+        ad_id=torch.randperm(max(n, 60), generator=g)[:n]
+        % 60,  # includes ids beyond the vocabulary (OOV row)
         advertiser_id=torch.randint(-1, 6, (n,), generator=g),
         category_id=torch.randint(0, 5, (n,), generator=g),
         surface=torch.full((n,), 2),
@@ -70,6 +72,15 @@ def test_shared_kv_equals_per_candidate_recompute(tokens, n_events, pooling):
     assert shared.shape == (40, 2)
     np.testing.assert_allclose(shared, recomputed, atol=1e-5, rtol=0)
     assert shared[:, 0].std() > 1e-3  # the candidates really are scored differently
+
+
+def test_shared_kv_equals_recompute_on_the_onednn_path():
+    """Batches of at least ``onednn.MIN_ROWS`` candidates take the oneDNN GEMMs (``models.onednn``)."""
+    ranker = _ranker(True, "target")
+    user, cands = _user(12, True), _cands(300)
+    assert onednn.MIN_ROWS <= 256 and onednn.AVAILABLE
+    shared = score_shared(ranker, user, cands, batch_size=256)  # 256 + 44: both paths in one request
+    np.testing.assert_allclose(shared, score_recompute(ranker, user, cands), atol=1e-5, rtol=0)
 
 
 def test_user_tokens_are_refused_when_unusable():
