@@ -11,20 +11,26 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def learning_curve_plot(history: list[dict[str, float]], path: Path) -> Path:
-    """Validation NE (click, conversion) and train loss per epoch; epoch 0 is the untrained model."""
+def learning_curve_plot(history: list[dict[str, float]], path: Path, x: str = "epoch") -> Path:
+    """Validation NE (click, conversion) and train loss per evaluation; the first is the untrained model.
+
+    ``x`` is the history key of the horizontal axis: ``epoch`` (one process evaluates once per epoch) or ``step``
+    (a distributed run may evaluate every ``distributed.eval_every`` steps, several times an epoch)."""
     curves = {"valid_ne": "valid NE (click)", "valid_conversion_ne": "valid NE (conversion)"}
-    return _epoch_curves(history, curves, "normalized entropy", "learning curve", "upper right", path)
+    return _epoch_curves(history, curves, "normalized entropy", "learning curve", "upper right", path, x)
 
 
-def _epoch_curves(history, curves: dict[str, str], ylabel: str, title: str, legend: str, path: Path) -> Path:
-    """One line per metric key of ``curves`` over the epochs of ``history``, the train loss on a second axis."""
-    epochs = [h["epoch"] for h in history]
+def _epoch_curves(
+    history, curves: dict[str, str], ylabel: str, title: str, legend: str, path: Path, x: str = "epoch"
+) -> Path:
+    """One line per metric key of ``curves`` over the evaluations of ``history`` (by ``x``), the train loss on a
+    second axis."""
+    xs = [h[x] for h in history]
     fig, ax = plt.subplots(figsize=(6, 4))
     for (key, label), style in zip(curves.items(), ("o-", "s--"), strict=False):
-        ax.plot(epochs, [h.get(key, np.nan) for h in history], style, label=label)
-    _train_loss_axis(ax, history)
-    ax.set_xlabel("epoch")
+        ax.plot(xs, [h.get(key, np.nan) for h in history], style, label=label)
+    _train_loss_axis(ax, history, x)
+    ax.set_xlabel(x)
     ax.set_ylabel(ylabel)
     ax.legend(loc=legend)
     ax.set_title(title)
@@ -34,12 +40,12 @@ def _epoch_curves(history, curves: dict[str, str], ylabel: str, title: str, lege
     return path
 
 
-def _train_loss_axis(ax, history: list[dict[str, float]]) -> None:
-    """The train loss per epoch on a second y axis (gray): the untrained epoch 0 has none."""
+def _train_loss_axis(ax, history: list[dict[str, float]], x: str = "epoch") -> None:
+    """The train loss per evaluation on a second y axis (gray): the untrained model's first entry has none."""
     trained = [h for h in history if "train_loss" in h]
     if trained:
         ax2 = ax.twinx()
-        ax2.plot([h["epoch"] for h in trained], [h["train_loss"] for h in trained], "^:", color="gray")
+        ax2.plot([h[x] for h in trained], [h["train_loss"] for h in trained], "^:", color="gray")
         ax2.set_ylabel("train loss (gray)")
 
 

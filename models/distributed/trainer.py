@@ -222,6 +222,19 @@ def evaluate(p: Parts, rows: np.ndarray, prefix: str) -> dict[str, float]:
     """Metrics over ``rows``, computed by all ranks together (each scores an equal share, then all-gather)."""
     if len(rows) == 0:
         return {}
+    return _metrics(*predict(p, rows), prefix)
+
+
+def _metrics(labels: np.ndarray, pred: np.ndarray, prefix: str) -> dict[str, float]:
+    return {
+        **binary_metrics(labels[:, 0], pred[:, 0], prefix),
+        **binary_metrics(labels[:, 1], pred[:, 1], f"{prefix}conversion_"),
+    }
+
+
+def predict(p: Parts, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, probabilities) of ``rows`` (click, conversion columns), in the order of ``rows`` on every rank.
+    Collective: each rank scores an equal share, then all-gather."""
     engine = p.engine
     engine.eval()
     per_rank = math.ceil(len(rows) / p.world)
@@ -233,11 +246,7 @@ def evaluate(p: Parts, rows: np.ndarray, prefix: str) -> dict[str, float]:
     everyone = [None] * p.world
     dist.all_gather_object(everyone, torch.cat(probs).numpy())
     pred = np.concatenate(everyone)[: len(rows)]
-    labels = p.setup.data.labels(rows).numpy()
-    return {
-        **binary_metrics(labels[:, 0], pred[:, 0], prefix),
-        **binary_metrics(labels[:, 1], pred[:, 1], f"{prefix}conversion_"),
-    }
+    return p.setup.data.labels(rows).numpy(), pred
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
@@ -396,6 +405,7 @@ class DeepSpeedStrategy:
         self.stats: list[dict] = []  # every step this launch ran (perf.json)
         self.profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank, p.cfg.distributed.step_account)
         self.saved_step = -1
+        self.losses: list[float] = []  # this rank's step losses since the last evaluation
 
     def epoch_steps(self, epoch: int) -> list[Step]:
         return self.plan.get(epoch, [])
@@ -417,6 +427,7 @@ class DeepSpeedStrategy:
         profiled = self.profiler.prof is not None  # profiler overhead: perf.json leaves the step out
         self.recent.append(stats | {"cpu_seconds": cpu, "profiled": profiled, **p.clock.as_dict()})
         self.stats.append(self.recent[-1])
+        self.losses.append(stats["loss"])
         if (i + 1) % oc.log_every == 0:
             self.flush_logs(i + 1)
         return stats["loss"]
@@ -441,6 +452,13 @@ class DeepSpeedStrategy:
             self.tracker.log_metrics(metrics, step=state.step)
             if state.step:
                 log.info("step %d: valid_ne %.4f", state.step, metrics["valid_ne"])
+        if self.losses:  # the same on every rank (they run the same steps): a collective all take part in
+            # the mean train loss since the last evaluation (after a resume: since the resume), over ranks as in
+            # ``_log_steps``: the learning curve's train line (MLflow has it as train_loss every log_every steps)
+            loss = torch.tensor([float(np.mean(self.losses))])
+            dist.all_reduce(loss)
+            metrics["train_loss"] = float(loss[0]) / self.p.world
+            self.losses = []
         return metrics
 
     def agree(self, value):
@@ -656,9 +674,24 @@ def export_model(p: Parts, run_dir: Path, state: RunState) -> float | None:
     return diff
 
 
+def write_plots(
+    run_dir: Path, history: list[dict], valid: tuple[np.ndarray, np.ndarray] | None
+) -> list[Path]:
+    """The plots a one-process run writes (``models.plots``, ``models.train.ClickTask.plots``): the learning
+    curve of the run's evaluations, by step, and, given the best state's (labels, probabilities) on the valid
+    split, its click calibration."""
+    from models.plots import calibration_plot, learning_curve_plot
+
+    plots = [learning_curve_plot(history, run_dir / "learning_curve.png", x="step")] if history else []
+    if valid is not None:
+        labels, pred = valid
+        plots.append(calibration_plot(labels[:, 0], pred[:, 0], run_dir / "calibration.png"))
+    return plots
+
+
 def _finish(p: Parts, run_dir: Path, store: CheckpointStore, state: RunState, tracker) -> dict[str, float]:
-    """The best state back in the engine, its validation + test metrics, the exported model, metrics.json;
-    rank 0 writes."""
+    """The best state back in the engine, its validation + test metrics, the exported model, metrics.json and
+    the plots; rank 0 writes and logs them."""
     best = store.path(state.best_step)
     if state.best_step != state.step and best.is_dir():  # not there: a run checkpointed before best tracking
         load_checkpoint(p, best)
@@ -671,7 +704,8 @@ def _finish(p: Parts, run_dir: Path, store: CheckpointStore, state: RunState, tr
         "best_step": float(state.best_step),
         "best_epoch": float(state.best_epoch),
     }
-    final |= evaluate(p, p.setup.valid_rows, "valid_")
+    valid = predict(p, p.setup.valid_rows) if len(p.setup.valid_rows) else None
+    final |= _metrics(*valid, "valid_") if valid is not None else {}
     final |= evaluate(p, p.setup.test_rows, "test_")
     if state.history:
         final["initial_valid_ne"] = state.history[0]["valid_ne"]
@@ -681,11 +715,12 @@ def _finish(p: Parts, run_dir: Path, store: CheckpointStore, state: RunState, tr
     if p.rank == 0:
         (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
         (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
+        plots = write_plots(run_dir, state.history, valid)
         if tracker is not None:
             tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.step)
-            for name in ("metrics.json", "history.json", "config.yaml"):
-                if (run_dir / name).exists():
-                    tracker.log_artifact(run_dir / name)
+            for path in (*plots, *(run_dir / n for n in ("metrics.json", "history.json", "config.yaml"))):
+                if path.exists():
+                    tracker.log_artifact(path)
             tracker.end()
     dist.barrier()
     return final

@@ -109,6 +109,9 @@ def test_stage_pods_run_the_stage_on_the_shared_workspace_and_store(stage_pods):
         folder = store_yaml.rsplit("/", 1)[0]
         assert volumes[mounts[folder]]["configMap"]["name"] == feast_cm["metadata"]["name"], task
         assert env["MLFLOW_TRACKING_URI"]["value"] == settings["GEMFLOW_MLFLOW_TRACKING_URI"], task
+        for name, key in (("MLFLOW_TRACKING_USERNAME", "username"), ("MLFLOW_TRACKING_PASSWORD", "password")):
+            # the MLflow login survives KubernetesPodOperator's merge of the template, still from the Secret
+            assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "gemflow-mlflow-auth", "key": key}, task
         assert "secretKeyRef" in env["AWS_SECRET_ACCESS_KEY"]["valueFrom"], task  # object storage settings
     ingest = pods["gemflow_ingest.ingest"]["spec"]["containers"][0]
     assert ingest["args"] == ["ingest", "--date", "{{ ds }}"]  # templated at run time

@@ -8,6 +8,8 @@ For every values file the chart is linted and rendered with the real helm binary
   embedded in them pass the Kubernetes schemas;
 - commands are parsed by the real CLIs they call (mlflow server, feast's config model, torchrun, deepspeed);
 - every pod spec of every workload carries the security defaults; RBAC and NetworkPolicies are least privilege.
+- MLflow runs its basic-auth app with the admin login from a Secret, and every pod that calls MLflow gets that
+  login from the Secret (secretKeyRef); mlflow.auth.enabled=false turns it off.
 
 The official Airflow chart is a dependency that CI cannot download (no network beyond PyPI/npm/Debian): the chart
 is rendered from a copy whose Chart.yaml drops that dependency, with airflow.enabled=false. Real installs run
@@ -178,6 +180,8 @@ def test_every_component_is_rendered(rendered):
         ("ranker.canaryTrafficPercent=150", "canaryTrafficPercent"),
         ("postgres.existingSecret=null", "existingSecret is required"),
         ("training.model=ranking", "training.model"),
+        ("mlflow.auth.defaultPermission=WRITE", "defaultPermission"),
+        ("mlflow.auth.enabled=yes", "mlflow.auth.enabled"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(chart_without_airflow, override, message):
@@ -421,6 +425,120 @@ def test_mlflow_server_arguments_parse_with_mlflow_cli(rendered):
             hosts = p["allowed_hosts"].split(",")
             assert "gemflow-mlflow:*" in hosts and f"gemflow-mlflow.{NAMESPACE}.svc.cluster.local:*" in hosts
             assert "*" not in hosts
+
+
+AUTH_SECRET = "gemflow-mlflow-auth"
+MLFLOW_CLIENTS = {"stage", "ranker", "trainer"}  # components whose pods call MLflow (register, refresh, ...)
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _auth_ref(key: str) -> dict:
+    return {"name": AUTH_SECRET, "key": key}
+
+
+def _secret_ref(env: dict[str, dict], name: str) -> dict:
+    assert "value" not in env[name], f"{name} is a plain value"
+    return env[name]["valueFrom"]["secretKeyRef"]
+
+
+def _mlflow_server(docs: list[dict]) -> tuple[dict, dict]:
+    (dep,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-mlflow")]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return dep["spec"]["template"], container
+
+
+def test_mlflow_runs_the_basic_auth_app_with_the_admin_login_from_the_secret(rendered):
+    import configparser
+
+    from mlflow.cli import server
+    from mlflow.server.auth import is_unprotected_route
+    from mlflow.server.auth.permissions import ALL_PERMISSIONS
+
+    for values_file, docs in rendered.items():
+        template, container = _mlflow_server(docs)
+        params = server.make_context("server", list(container["args"][1:])).params
+        assert params["app_name"] == "basic-auth", values_file
+        env = _env(container)
+        # the variables MLflow reads (mlflow.environment_variables) for the admin it creates on first start,
+        # and the static key every worker and replica signs CSRF tokens with
+        assert _secret_ref(env, "MLFLOW_AUTH_ADMIN_USERNAME") == _auth_ref("username")
+        assert _secret_ref(env, "MLFLOW_AUTH_ADMIN_PASSWORD") == _auth_ref("password")
+        assert _secret_ref(env, "MLFLOW_FLASK_SERVER_SECRET_KEY") == _auth_ref("flask-secret-key")
+        # basic_auth.ini comes from a ConfigMap mounted where MLFLOW_AUTH_CONFIG_PATH points
+        folder, filename = env["MLFLOW_AUTH_CONFIG_PATH"]["value"].rsplit("/", 1)
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+        assert mount["readOnly"] is True
+        (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+        configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+        cm = configmaps[volume["configMap"]["name"]]
+        ini = configparser.ConfigParser()
+        ini.read_string(cm["data"][filename])
+        auth = ini["mlflow"]
+        assert auth["default_permission"] == "READ" and auth["default_permission"] in ALL_PERMISSIONS
+        assert auth["authorization_function"] == "mlflow.server.auth:authenticate_request_basic_auth"
+        assert "admin_password" not in auth and "admin_username" not in auth  # only from the Secret
+        # the auth store: the backend store's Postgres database, no login in the URI (libpq reads PGUSER /
+        # PGPASSWORD, from the Postgres Secret like the backend store's $(DB_USER) / $(DB_PASSWORD))
+        backend = params["backend_store_uri"].replace("$(DB_USER):$(DB_PASSWORD)@", "")
+        assert auth["database_uri"] == backend and "@" not in auth["database_uri"], values_file
+        assert _secret_ref(env, "PGUSER") == _secret_ref(env, "DB_USER")
+        assert _secret_ref(env, "PGPASSWORD") == _secret_ref(env, "DB_PASSWORD")
+        # the config's checksum rolls the pods when the file changes
+        assert template["metadata"]["annotations"]["checksum/auth-config"]
+        # the probes still answer: /health is one of the routes the auth app leaves open
+        for probe in ("readinessProbe", "livenessProbe"):
+            path = container[probe]["httpGet"]["path"]
+            assert path == "/health" and is_unprotected_route(path), probe
+        assert not is_unprotected_route("/api/2.0/mlflow/experiments/search")
+
+
+def test_every_mlflow_client_gets_the_login_from_the_secret(rendered):
+    """Every container that is given the tracking URI also gets MLFLOW_TRACKING_USERNAME / _PASSWORD (what the
+    MLflow client sends as basic auth) from the auth Secret; pods that do not call MLflow get no login."""
+    for values_file, docs in rendered.items():
+        clients = set()
+        for where, labels, spec in _labelled_pod_specs({values_file: docs}):
+            component = labels["app.kubernetes.io/component"]
+            for c in _containers(spec):
+                env = _env(c)
+                if "MLFLOW_TRACKING_URI" not in env:
+                    assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(env), where
+                    continue
+                clients.add(component)
+                assert env["MLFLOW_TRACKING_URI"]["value"] == "http://gemflow-mlflow:5000", where
+                assert _secret_ref(env, "MLFLOW_TRACKING_USERNAME") == _auth_ref("username")
+                assert _secret_ref(env, "MLFLOW_TRACKING_PASSWORD") == _auth_ref("password")
+        assert clients == MLFLOW_CLIENTS, f"{values_file}: MLflow clients found: {clients}"
+
+
+def test_mlflow_auth_can_be_turned_off(chart_without_airflow):
+    proc = _render(chart_without_airflow, "values-trial.yaml", "--set", "mlflow.auth.enabled=false")
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    docs += _deployed_by_the_deploy_stage(docs)
+    _, container = _mlflow_server(docs)
+    assert not any(a.startswith("--app-name") for a in container["args"])
+    assert not [n for n in _env(container) if n.startswith(("MLFLOW_AUTH", "MLFLOW_FLASK", "PG"))]
+    names = {d["metadata"]["name"] for d in docs}
+    assert "gemflow-mlflow-auth" not in names  # no basic_auth.ini ConfigMap
+    clients = set()
+    for where, labels, spec in _labelled_pod_specs({"values-trial.yaml": docs}):
+        for c in _containers(spec):
+            env = _env(c)
+            assert "MLFLOW_TRACKING_USERNAME" not in env and "MLFLOW_TRACKING_PASSWORD" not in env, where
+            if "MLFLOW_TRACKING_URI" in env:
+                clients.add(labels["app.kubernetes.io/component"])
+    assert clients == MLFLOW_CLIENTS  # they still know where MLflow is
+    assert AUTH_SECRET not in proc.stdout
+
+
+def test_mlflow_auth_needs_its_secret(chart_without_airflow):
+    proc = _render(chart_without_airflow, "values.yaml", "--set", "mlflow.auth.existingSecret=")
+    assert proc.returncode != 0
+    assert "existingSecret" in proc.stderr, proc.stderr
 
 
 def test_ranker_arguments_parse_with_gemflow_serve(rendered):

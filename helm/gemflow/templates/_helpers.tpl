@@ -83,13 +83,36 @@ seccompProfile:
 {{- printf "http://%s:%v" (include "gemflow.componentName" (dict "root" . "component" "mlflow")) .Values.mlflow.port -}}
 {{- end -}}
 
-{{/* Environment shared by every pod that talks to MLflow, Feast and object storage. Passwords come only from
-     Secrets (existingSecret); Feast expands ${VAR} in feature_store.yaml from these variables. */}}
+{{/* What an MLflow client needs: the tracking server's address and, with mlflow.auth.enabled, the login the
+     MLflow client sends (HTTP basic auth, MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD) from the auth
+     Secret. Every pod that talks to MLflow includes it; pods that do not (the Feast server) do not get the login. */}}
+{{- define "gemflow.mlflowEnv" -}}
+- name: MLFLOW_TRACKING_URI
+  value: {{ include "gemflow.mlflowUrl" . | quote }}
+{{- if .Values.mlflow.auth.enabled }}
+- name: MLFLOW_TRACKING_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gemflow.mlflowAuthSecret" . }}
+      key: {{ .Values.mlflow.auth.usernameKey }}
+- name: MLFLOW_TRACKING_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gemflow.mlflowAuthSecret" . }}
+      key: {{ .Values.mlflow.auth.passwordKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "gemflow.mlflowAuthSecret" -}}
+{{- required "mlflow.auth.existingSecret is required when mlflow.auth.enabled=true (set mlflow.auth.enabled=false to run MLflow without a login)" .Values.mlflow.auth.existingSecret -}}
+{{- end -}}
+
+{{/* Environment shared by every pod that uses Feast and the workspace. Passwords come only from Secrets
+     (existingSecret); Feast expands ${VAR} in feature_store.yaml from these variables. Pods that also talk to
+     MLflow add gemflow.mlflowEnv. */}}
 {{- define "gemflow.clientEnv" -}}
 - name: GEMFLOW_HOME
   value: {{ .Values.workspace.mountPath | quote }}
-- name: MLFLOW_TRACKING_URI
-  value: {{ include "gemflow.mlflowUrl" . | quote }}
 - name: GEMFLOW_FEATURE_STORE_YAML
   value: /etc/gemflow/feast/feature_store.yaml
 - name: FEAST_FS_YAML_FILE_PATH
@@ -226,6 +249,7 @@ containers:
       {{- with .extraEnv }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
+      {{- include "gemflow.mlflowEnv" .root | nindent 6 }}
       {{- include "gemflow.clientEnv" .root | nindent 6 }}
       {{- with .root.Values.training.env }}
       {{- toYaml . | nindent 6 }}

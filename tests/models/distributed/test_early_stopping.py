@@ -3,7 +3,9 @@
 A planted overfitting run (a small train subsample, a high learning rate, many epochs): the validation NE falls,
 then rises. On 1 and on 2 ranks the run stops ``optim.patience`` evaluations after its best one, well inside the
 epoch budget, and ``model.pt`` scores the best evaluation's NE, not the last one's; both world sizes walk the same
-steps, so they pick the same best step and stop at the same step.
+steps, so they pick the same best step and stop at the same step. Rank 0 writes the plots a one-process run writes
+(learning curve, calibration); the 2-rank run (what the train DAG launches) tracks to the workspace's MLflow store
+and logs them as artifacts of its run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from models.evaluate import load_for_evaluation
+from models.tracking import recorded_run_id
 from models.train import evaluate_rows
 from tests.models.distributed.conftest import gemflow_train, write_learnable_set
 
@@ -39,7 +42,8 @@ def runs(tmp_path_factory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("overfit-ws")
     write_learnable_set(root / "training" / "learnable", num_users=100)
     for nproc in (1, 2):
-        gemflow_train(root, f"overfit-{nproc}", nproc, OVERFIT)
+        tracked = {"tracking.enabled": "true"} if nproc == 2 else {}
+        gemflow_train(root, f"overfit-{nproc}", nproc, {**OVERFIT, **tracked})
     return {nproc: root / f"overfit-{nproc}" for nproc in (1, 2)}
 
 
@@ -70,3 +74,33 @@ def test_one_and_two_ranks_stop_at_the_same_step(runs):
     assert _read(runs[1], "metrics.json")["best_step"] == _read(runs[2], "metrics.json")["best_step"]
     for a, b in zip(one, two, strict=True):  # the same training, up to summation order
         assert a["valid_ne"] == pytest.approx(b["valid_ne"], rel=1e-3)
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_rank_0_writes_the_learning_curve_and_calibration_plots(runs, nproc):
+    run = runs[nproc]
+    for name in ("learning_curve.png", "calibration.png"):
+        assert (run / name).read_bytes().startswith(PNG), name
+    history = _read(run, "history.json")
+    # the curve's gray train line: each evaluation after the first holds the mean train loss since the one before
+    assert "train_loss" not in history[0] and all(h["train_loss"] > 0 for h in history[1:]), history
+
+
+def test_the_two_rank_run_logs_its_plots_to_mlflow(runs):
+    from mlflow import MlflowClient
+
+    from gemflow.workspace import Workspace
+    from models.mlflow_store import embedded_uri
+
+    run = runs[2]
+    client = MlflowClient(tracking_uri=embedded_uri(Workspace(run.parent)))
+    run_id = recorded_run_id(run)
+    logged = {a.path: a.file_size for a in client.list_artifacts(run_id)}
+    for name in ("learning_curve.png", "calibration.png", "metrics.json", "history.json"):
+        assert logged.get(name), f"{name} not logged to run {run_id}: {sorted(logged)}"
+    assert logged["learning_curve.png"] == (run / "learning_curve.png").stat().st_size
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert not (runs[1] / "mlflow_run.json").exists()  # the 1-rank run tracked nothing
