@@ -51,6 +51,22 @@ PROFILE_TOKENS = 3  # age, gender, country
 
 
 @dataclass
+class CandidateQueries:
+    """What scoring computes of each candidate before it meets the user (``Ranker.candidate_queries``)."""
+
+    token: torch.Tensor  # (N, d) the candidate's one token
+    first_query: torch.Tensor | None  # (N, d) the first target-aware block's projected query, or None
+
+    def rows(self, index: torch.Tensor) -> CandidateQueries:
+        first = None if self.first_query is None else self.first_query.index_select(0, index)
+        return CandidateQueries(self.token.index_select(0, index), first)
+
+    def part(self, start: int, stop: int) -> CandidateQueries:
+        first = None if self.first_query is None else self.first_query[start:stop]
+        return CandidateQueries(self.token[start:stop], first)
+
+
+@dataclass
 class UserSide:
     """Everything about the user that all candidates share (computed once per request)."""
 
@@ -126,23 +142,39 @@ class Ranker(nn.Module):
         kv = [block.context_kv(context) for block in self.blocks]
         return UserSide(context, offsets, kv, prof)
 
-    def score(self, side: UserSide, cands: Candidates) -> torch.Tensor:
-        """(N, 2) logits; ``cands.offsets`` groups the N candidates by the users of ``side``."""
-        b = side.offsets.numel() - 1
+    def candidate_queries(self, cands: Candidates, project: bool = False) -> CandidateQueries:
+        """The user-independent part of the candidates' queries: each candidate's token (the sum of its id
+        embeddings and its projected dense features, normalized) and, with ``project``, the first target-aware
+        block's projected query of it."""
         if self._gather_directly():
             ids = sum(self._embed(f, getattr(cands, f)) for f in CANDIDATE_ID_FIELDS)
         else:
             per_user = lengths(cands.offsets)
+            b = cands.offsets.numel() - 1
             emb = self.sparse({f"cand_{f}": (getattr(cands, f), per_user) for f in CANDIDATE_ID_FIELDS}, b)
             ids = sum(emb[f"cand_{f}"] for f in CANDIDATE_ID_FIELDS)
-        q0 = self.query_norm(ids + self.query_dense(cands.dense))  # the candidate's one token
-        q = q0
+        token = self.query_norm(ids + self.query_dense(cands.dense))
+        first = None
+        if project and self.cfg.pooling == "target" and len(self.blocks):
+            block = self.blocks[0]
+            first = onednn.linear(block.norm_q(token), block.attn.q.weight, block.attn.q.bias)
+        return CandidateQueries(token, first)
+
+    def score(
+        self, side: UserSide, cands: Candidates, queries: CandidateQueries | None = None
+    ) -> torch.Tensor:
+        """(N, 2) logits; ``cands.offsets`` groups the N candidates by the users of ``side``. ``queries``: the
+        candidates' ``candidate_queries`` when the caller has them already (serving caches them per ad)."""
+        b = side.offsets.numel() - 1
         one_user = b == 1 and not torch.is_grad_enabled()
+        if queries is None:
+            queries = self.candidate_queries(cands, project=one_user)
+        q0 = q = queries.token  # the candidate's one token
         cand_user = None if one_user else segment_ids(cands.offsets)
         if self.cfg.pooling == "target":
-            for block, kv in zip(self.blocks, side.kv, strict=True):
+            for i, (block, kv) in enumerate(zip(self.blocks, side.kv, strict=True)):
                 if one_user:
-                    q = self._one_user_block(block, q, kv)
+                    q = self._one_user_block(block, q, kv, queries.first_query if i == 0 else None)
                 else:
                     q = block(q, cands.offsets, kv, side.offsets)
         elif self.cfg.pooling == "mean":
@@ -195,16 +227,24 @@ class Ranker(nn.Module):
         return last(act(z))
 
     @staticmethod
-    def _one_user_block(block: TargetAwareBlock, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]):
+    def _one_user_block(
+        block: TargetAwareBlock,
+        q: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        projected: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``TargetAwareBlock.forward`` for the candidates of ONE user: the jagged layout is a single dense
-        block, so attention is one SDPA call over (1, heads, N, head_dim) queries and the user's K/V."""
+        block, so attention is one SDPA call over (1, heads, N, head_dim) queries and the user's K/V.
+        ``projected``: ``block.project_query(q)`` when the caller has it already."""
         attn, (k, v) = block.attn, kv
         n, d = q.shape
         if k.shape[0] == 0:  # no context: attention reads zeros (the jagged ops' empty-sequence rule)
             y = q.new_zeros(n, d)
         else:
             heads = attn.heads
-            qh = onednn.linear(block.norm_q(q), attn.q.weight, attn.q.bias).view(n, heads, d // heads)
+            if projected is None:
+                projected = onednn.linear(block.norm_q(q), attn.q.weight, attn.q.bias)
+            qh = projected.view(n, heads, d // heads)
             y = F.scaled_dot_product_attention(
                 qh.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
             )[0].transpose(0, 1)

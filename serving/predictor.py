@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from kserve import Model
 
+from features.schema import SURFACE_ID
 from gemflow.workspace import Workspace
 from serving import inputs as build
 from serving import runtime
 from serving.ad_table import AdTable, ProcessLoader, feast_ad_loader, offline_ad_ids, store_ad_loader
+from serving.candidate_cache import CandidateCache
 from serving.config import ServingConfig
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
@@ -91,6 +93,7 @@ class RankerPredictor(Model):
         self._arrays: build.AdArrays | None = None
         self._probe: tuple[float, bool, str | None] = (0.0, False, None)  # (when, ok, problem kind)
         self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
+        self.candidate_cache: CandidateCache | None = None
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
@@ -102,6 +105,7 @@ class RankerPredictor(Model):
         )
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
+        self.candidate_cache = CandidateCache(self.served.ranker, sc.cache_max_ads)
         if self.store is None:
             from features.store import open_store
 
@@ -161,6 +165,9 @@ class RankerPredictor(Model):
         score = functools.partial(score_shared, self.served.ranker, user, cands, self.cfg.scoring.batch_size)
         for fut in [self._scoring.submit(score) for _ in range(2 * self.cfg.scoring.workers)]:
             fut.result()
+        if 0 < len(self.ad_arrays().advertiser) <= self.cfg.scoring.cache_max_ads:
+            for surface in SURFACE_ID.values():  # the first request per surface finds its rows ready
+                self.candidate_cache.table(self.ad_arrays(), surface)
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
@@ -265,7 +272,8 @@ class RankerPredictor(Model):
         cands, unknown = build.candidates(req.candidates, req.surface, ads)
         t0 = time.perf_counter()
         build_ms = 1e3 * (t0 - t_build)
-        probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size, job.check)
+        queries = self.candidate_cache.queries(ads, req.surface, req.candidates)
+        probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size, job.check, queries)
         order = np.argsort(-probs[:, 0], kind="stable")
         score_ms = 1e3 * (time.perf_counter() - t0)
         degraded = bool(reasons) or not self.ads.loaded

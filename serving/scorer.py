@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from models.data import Batch, Candidates, Events, Profile
-from models.ranker import Ranker
+from models.ranker import CandidateQueries, Ranker
 
 
 @dataclass
@@ -45,10 +45,12 @@ def score_shared(
     cands: Candidates,
     batch_size: int,
     check: Callable[[], None] | None = None,
+    queries: CandidateQueries | None = None,
 ) -> np.ndarray:
     """(N, 2) probabilities p_click, p_conversion; the user's K/V computed once, shared by every batch.
 
-    ``check`` is called before every batch: it raises to abandon a request whose deadline passed."""
+    ``check`` is called before every batch: it raises to abandon a request whose deadline passed. ``queries``:
+    the candidates' user-independent rows when the caller has them (``serving.candidate_cache``)."""
     mask = None if user.user_tokens is None else torch.ones(1, dtype=torch.bool)
     side = ranker.user_side(user.recent, user.profile, user.user_tokens, mask)
     n = cands.ad_id.numel()
@@ -65,7 +67,8 @@ def score_shared(
             dense=cands.dense[start:stop],
             offsets=torch.tensor([0, stop - start]),
         )
-        out.append(torch.sigmoid(ranker.score(side, chunk)))
+        part = None if queries is None else queries.part(start, stop)
+        out.append(torch.sigmoid(ranker.score(side, chunk, part)))
     return torch.cat(out).numpy() if out else np.zeros((0, 2), np.float32)
 
 
