@@ -84,10 +84,15 @@ Loader = Callable[[], AdSnapshot]
 
 @dataclass
 class AdTable:
-    """Holds the current snapshot and refreshes it with ``loader`` on a daemon thread."""
+    """Holds the current snapshot and refreshes it with ``loader`` on a daemon thread.
+
+    ``initial_loader`` (optional) builds the snapshots until the first one loads: the server is not ready before
+    that, so no request needs the GIL it holds, and it must not wait on the low-priority refresh process (spawned,
+    imports, ``nice 19``: on a machine at load 10 its first load took over 300 s)."""
 
     loader: Loader
     refresh_seconds: float = 60.0
+    initial_loader: Loader | None = None
     snapshot: AdSnapshot = field(default_factory=lambda: AdSnapshot.empty([]))
     last_error: str | None = None
     refreshes: int = 0
@@ -104,8 +109,9 @@ class AdTable:
     def refresh(self) -> bool:
         """Build and swap in a new snapshot; on failure keep the old one and record why."""
         t0 = time.perf_counter()
+        load = self.initial_loader if self.initial_loader is not None and not self.loaded else self.loader
         try:
-            snap = self.loader()
+            snap = load()
         except Exception as err:  # noqa: BLE001 (any store failure must leave serving up)
             self.failures += 1
             self.last_error = f"{type(err).__name__}: {err}"

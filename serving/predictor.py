@@ -121,15 +121,16 @@ class RankerPredictor(Model):
             guard,
             lim.feature_timeout_max_ms / 1e3,
         )
+        here = feast_ad_loader(
+            self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
+        )
         if at.refresh_process:  # its own store handle from the same config, no GIL shared with requests
             make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
                                      at.lookup_chunk)  # fmt: skip
             loader = ProcessLoader(make, timeout_s=max(at.refresh_seconds, 60.0))
+            self.ads = AdTable(loader, at.refresh_seconds, initial_loader=here)  # first load: no child wait
         else:
-            loader = feast_ad_loader(
-                self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
-            )
-        self.ads = AdTable(loader, at.refresh_seconds)
+            self.ads = AdTable(here, at.refresh_seconds)
         self.ads.start()
         self._warm_up()
         self.ready = True  # the model is loaded: requests are served (degraded if the store is down)

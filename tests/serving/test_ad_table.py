@@ -79,6 +79,24 @@ def test_failed_refresh_keeps_the_last_snapshot():
     assert status["as_of"] == "2026-03-03T00:00:00+00:00"
 
 
+def test_the_initial_loader_builds_snapshots_until_the_first_one_loads():
+    calls = []
+
+    def initial():
+        calls.append("initial")
+        if len(calls) == 1:
+            raise ConnectionError("store not up yet")
+        return _snap()
+
+    def background():
+        calls.append("background")
+        return _snap()
+
+    table = AdTable(background, refresh_seconds=3600, initial_loader=initial)
+    assert not table.refresh() and table.refresh() and table.refresh()
+    assert calls == ["initial", "initial", "background"]  # the refresh process only once one snapshot loaded
+
+
 def _child_pid(loader: ProcessLoader) -> int:
     return int(loader().columns["pid"][1])
 
