@@ -150,6 +150,8 @@ def training_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
     try:
         status = mlflow.MlflowClient().get_run(run_id).info.status
     except MlflowException as err:
+        if mlflow_store.unreachable(err):
+            raise  # the server did not answer: not "no such run"
         raise LookupError(
             f"training run {run_id} is not in the tracking store {mlflow.get_tracking_uri()} "
             "(register against the store it was trained in)"
