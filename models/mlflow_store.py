@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,34 @@ def use(ws: Workspace, tracking_uri: str = "") -> Store:
     store = resolve(ws, tracking_uri)
     activate(store.tracking_uri)
     return store
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether an MLflow call's error means the tracking server did not answer at all (refused, reset, timed out, or
+    only 5xx until the client's retries ran out), as opposed to an answer such as "no such run". MLflow's REST
+    client wraps the ``requests`` error in an ``MlflowException`` (as its cause or context)."""
+    import requests
+
+    down = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError,
+            ConnectionError)  # fmt: skip
+    return any(isinstance(e, down) for e in _chain(err))
+
+
+def unreachable_message(err: BaseException, tracking_uri: str) -> str:
+    """One line for an ``unreachable`` error: the server, and why (e.g. "Connection refused", "ReadTimeout")."""
+    text = " ".join(str(e) for e in _chain(err))
+    why = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    kind = next((type(e).__name__ for e in _chain(err) if type(e).__module__.startswith("requests")), "")
+    reason = why[1].strip() if why else kind or type(err).__name__
+    return f"the MLflow tracking server {tracking_uri} did not answer ({reason})"
+
+
+def _chain(err: BaseException | None) -> list[BaseException]:
+    out: list[BaseException] = []
+    while err is not None and all(err is not e for e in out):
+        out.append(err)
+        err = err.__cause__ or err.__context__
+    return out
 
 
 def connect(ws: Workspace | None, tracking_uri: str = ""):

@@ -1,7 +1,8 @@
 """Registration and embedding commands: ``register-run`` (register + gate, for the DAGs),
 ``refresh-embeddings`` (champion user model -> Feast) and ``check-versions``.
 
-Exit codes: 0 done / versions agree; 1 ``check-versions`` found a mismatch (or no embeddings online); 2 bad input
+Exit codes: 0 done / versions agree; 1 ``check-versions`` found a mismatch (or no embeddings online), or
+``register-run`` could not reach the MLflow tracking server (a retry registers no second version); 2 bad input
 (unknown model, no events, bad config) with a one-line error; 4 (``UNCHANGED_EXIT``) nothing changed: the gate
 kept the current champion, or there is no champion to refresh from yet. The DAGs skip the task on 4, so a
 rejected challenger publishes no ``CHAMPION`` event and triggers no refresh or deploy.
@@ -26,6 +27,7 @@ from gemflow.commands.common import (
     write_event,
 )
 from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
+from gemflow.exit_codes import FAILED as FAILED_EXIT  # the step ran and failed: Airflow retries it
 from gemflow.exit_codes import FAILED as MISMATCH_EXIT
 from gemflow.exit_codes import UNCHANGED as UNCHANGED_EXIT  # the task is skipped, its outlets publish nothing
 
@@ -65,6 +67,7 @@ def _run_folder(client, ws, kind: str, run_dir: str, run_id: str) -> Path:
     """The run folder to register: named, found from its MLflow run id, or the newest of ``kind``."""
     from mlflow.exceptions import MlflowException
 
+    from models import mlflow_store
     from models.tracking import recorded_run_id, run_dir_of
 
     if not run_id:
@@ -72,6 +75,8 @@ def _run_folder(client, ws, kind: str, run_dir: str, run_id: str) -> Path:
     try:
         folder = run_dir_of(client.get_run(run_id), ws)
     except MlflowException as err:
+        if mlflow_store.unreachable(err):
+            raise
         raise LookupError(f"no MLflow run {run_id} in {client.tracking_uri}") from err
     if run_dir and Path(run_dir).resolve() != folder.resolve():
         raise ValueError(f"--run-id {run_id} trained {folder}, not --run-dir {run_dir}")
@@ -113,8 +118,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Register a training run (in its own MLflow run) as @challenger and gate it; exit 4 when the champion
         did not change."""
+        import mlflow
         from mlflow.exceptions import MlflowException
 
+        from models import mlflow_store
         from models.data import TrainingSetError
         from models.embeddings.refresh import mlflow_client
         from models.registry import GateConfig, register_bundle, run_gate
@@ -140,8 +147,16 @@ def register(app: typer.Typer) -> None:
                     calibration_high=calibration_high,
                 ),
             )
-        except (ValueError, LookupError, FileNotFoundError, TrainingSetError, MlflowException) as err:
-            raise _fail(err) from err
+        except Exception as err:
+            if mlflow_store.unreachable(err):  # a server down, restarting or evicted: a retry can succeed
+                message = mlflow_store.unreachable_message(err, mlflow.get_tracking_uri())
+                typer.echo(f"error: {message}; a retry reuses any version this attempt registered", err=True)
+                raise typer.Exit(code=FAILED_EXIT) from err
+            if isinstance(
+                err, ValueError | LookupError | FileNotFoundError | TrainingSetError | MlflowException
+            ):
+                raise _fail(err) from err
+            raise
         verdict = "PROMOTED to @champion" if decision.promoted else "stays @challenger"
         typer.echo(f"{version.name} v{version.version} from {run}: {verdict}: {decision.reason}")
         write_event({"model": version.name, "version": str(version.version), "run_dir": str(run),

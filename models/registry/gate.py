@@ -6,10 +6,16 @@ its figures are logged as params and metrics of the version's logged model (MLfl
 run: searchable and comparable across models), and as version tags for the registry UI, so the registry itself
 explains why a version is (not) serving. Next-item
 models (positive-only logs) have no NE: they are compared on leave-one-out NDCG@10, with no calibration bound.
+
+The gate is safe to run again on a version (a retried registration reuses its version): a version that is
+already ``@champion`` is judged again against the champion it replaced (its ``gate.previous_champion`` tag, or
+none), which gives the first run's decision, and no alias moves but the removal of a ``@challenger`` the first
+run left on it; a version gated before and not promoted is compared with the current champion again.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -18,6 +24,8 @@ from dataclasses import dataclass, field
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
+
+log = logging.getLogger(__name__)
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 LOGGED_MODEL_SOURCE = re.compile(r"^models:/(m-[0-9a-f]+)$")
@@ -47,10 +55,7 @@ class GateDecision:
 
 
 def champion_version(client: MlflowClient, name: str) -> str | None:
-    try:
-        return client.get_model_version_by_alias(name, CHAMPION).version
-    except MlflowException:
-        return None
+    return _alias_version(client, name, CHAMPION)
 
 
 def decide(metrics: dict[str, float], champion: dict[str, float] | None, cfg: GateConfig) -> tuple[bool, str]:
@@ -98,28 +103,48 @@ def run_gate(
     cfg = cfg or GateConfig()
     client = client or MlflowClient()
     version = str(version)
-    client.set_registered_model_alias(name, CHALLENGER, version)
     current = champion_version(client, name)
+    rerun = current == version  # an earlier run promoted it (and maybe died before it finished)
+    if rerun:
+        compared = client.get_model_version(name, version).tags.get("gate.previous_champion")
+        log.info("%s v%s is already @champion: judged again against %s, no alias moves",
+                 name, version, f"v{compared}" if compared else "no champion")  # fmt: skip
+    else:
+        client.set_registered_model_alias(name, CHALLENGER, version)  # a no-op when a re-run finds it there
+        compared = current
     metrics = evaluate(f"models:/{name}/{version}")
-    champion = evaluate(f"models:/{name}/{current}") if current and current != version else None
+    champion = evaluate(f"models:/{name}/{compared}") if compared else None
     promoted, reason = decide(metrics, champion, cfg)
-    decision = GateDecision(name, version, promoted, reason, current, metrics, champion or {})
+    decision = GateDecision(name, version, promoted, reason, compared, metrics, champion or {})
 
     tags = {"gate.decision": "promoted" if promoted else "rejected", "gate.reason": reason}
     tags |= {f"gate.{k}": f"{v:.6g}" for k, v in metrics.items()}
     if champion:
-        tags |= {"gate.compared_to": current} | {
+        tags |= {"gate.compared_to": compared} | {
             f"gate.champion_{k}": f"{v:.6g}" for k, v in champion.items()
         }
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     log_on_model(client, decision)
-    if promoted:
+    if promoted and not rerun:
         if current:
             client.set_model_version_tag(name, version, "gate.previous_champion", current)
         client.set_registered_model_alias(name, CHAMPION, version)
         client.delete_registered_model_alias(name, CHALLENGER)
+    elif promoted and _alias_version(client, name, CHALLENGER) == version:  # left by a run that died here
+        client.delete_registered_model_alias(name, CHALLENGER)
+    elif (
+        rerun
+    ):  # not promoted this time (the held-out figures changed?): the gate never demotes, rollback does
+        log.warning("%s v%s stays @champion although the gate now rejects it: %s", name, version, reason)
     return decision
+
+
+def _alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
 
 
 def logged_model_id(mv) -> str | None:
@@ -145,7 +170,14 @@ def log_on_model(client: MlflowClient, decision: GateDecision) -> None:
     client.log_batch(mv.run_id, metrics=metrics)
     params = {"gate.decision": "promoted" if decision.promoted else "rejected",
               "gate.reason": decision.reason, "gate.compared_to": decision.champion_version if decision.champion_metrics else "none"}  # fmt: skip
-    client.log_model_params(model_id, params)
+    # a logged model's params cannot change (MLflow rejects a key it already has): a re-run logs only new ones
+    logged = client.get_logged_model(model_id).params
+    changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
+    if changed:
+        log.warning("logged model %s keeps its first gate params %s; the version tags hold this run's", model_id,
+                    changed)  # fmt: skip
+    if fresh := {k: v for k, v in params.items() if k not in logged}:
+        client.log_model_params(model_id, fresh)
 
 
 def rollback(name: str, client: MlflowClient | None = None) -> str:

@@ -4,11 +4,17 @@ Registration resumes the training run the run folder records (``models.tracking`
 source run holds the training params, learning curves and plots. The logged model is the pickle-free bundle
 with a signature, an input example, the training set as the run's input dataset, and what it needs to load
 anywhere: the repo packages it imports (``code_paths``) and pinned pip requirements (``models.registry.environment``).
+
+Registration is safe to retry: an attempt that died after MLflow created the version (a killed tracking server or
+pod, a timeout) left a READY version whose source run is this training run and whose logged model carries the
+bundle's hash; the retry finds it (``existing_version``) and reuses it instead of registering a second version.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,14 +25,19 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 
+from models import mlflow_store
 from models.data import TrainingSet
 from models.inference import MODEL_FILE, load_bundle
 from models.registry.environment import code_paths, pip_requirements
 from models.registry.flat import to_frame
+from models.registry.gate import logged_model_id
 from models.tracking import recorded_run_id
+
+log = logging.getLogger(__name__)
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
 REGISTERED_NAMES = {"user": "gem-user-model", "ranker": "gem-ranker"}
+BUNDLE_HASH_TAG = "gemflow.bundle_sha256"  # on the logged model: which model.pt a version was logged from
 
 
 @dataclass(frozen=True)
@@ -43,10 +54,61 @@ class RegisteredVersion:
 def register_bundle(
     run_dir: Path, training_set: Path, *, name: str | None = None, example_rows: int = 3
 ) -> RegisteredVersion:
-    """Log ``run_dir/model.pt`` into the MLflow run it was trained in (resumed) and register it."""
+    """Log ``run_dir/model.pt`` into the MLflow run it was trained in (resumed) and register it; a version an
+    earlier attempt already registered from this run and bundle is reused (see ``existing_version``)."""
     run_id = recorded_run_id(run_dir)
     bundle = load_bundle(run_dir)
     name = name or REGISTERED_NAMES[bundle.kind]
+    digest = bundle_hash(run_dir / MODEL_FILE)
+    client = mlflow.MlflowClient()
+    found = existing_version(client, name, run_id, digest)
+    if found is not None:
+        log.info("%s v%s is already registered from training run %s (an earlier attempt): reusing it, "
+                 "not logging the model again", name, found.version, run_id)  # fmt: skip
+        version = str(found.version)
+    else:
+        version = _log_and_register(run_dir, training_set, bundle, name, run_id, digest, example_rows)
+    # (re)applied on reuse too: the earlier attempt may have died before it set them; setting a tag twice is harmless
+    client.set_model_version_tag(name, version, "gemflow.training_set", str(training_set))
+    if bundle.user_model_version:
+        client.set_model_version_tag(name, version, "gemflow.user_model_version", bundle.user_model_version)
+    return RegisteredVersion(name, version, run_id)
+
+
+def existing_version(client: mlflow.MlflowClient, name: str, run_id: str, digest: str):
+    """The READY version of ``name`` registered from the training run ``run_id`` with the bundle ``digest``, if an
+    earlier attempt left one (the newest, should there be several); else None.
+
+    A version's ``run_id`` is the source run of the logged model it was created from (MLflow 3 fills it from the
+    LoggedModel's ``source_run_id``), which is the training run: ``log_model`` runs inside it. The bundle hash
+    (a tag of the logged model, set when it is created, before the version exists) keeps a run folder whose
+    model.pt changed since from reusing the old weights' version. A version still PENDING_REGISTRATION or
+    FAILED_REGISTRATION is not reused: the retry logs and registers a new version, and the unfinished one is left
+    as it is, with no alias (the gate only ever points aliases at the version registration returns).
+    """
+    if "'" in name:
+        raise ValueError(f"registered model name {name!r} cannot contain a quote")
+    versions = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
+    for mv in sorted(versions, key=lambda v: int(v.version), reverse=True):
+        if mv.status != "READY":
+            log.warning("%s v%s from run %s is %s: not reused, registering a new version",
+                        name, mv.version, run_id, mv.status)  # fmt: skip
+            continue
+        model_id = logged_model_id(mv)
+        if model_id and client.get_logged_model(model_id).tags.get(BUNDLE_HASH_TAG) == digest:
+            return mv
+    return None
+
+
+def bundle_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _log_and_register(run_dir, training_set, bundle, name, run_id, digest, example_rows) -> str:
     data = TrainingSet(training_set)
     rows = data.split_rows("test")[:example_rows]
     if len(rows) == 0:
@@ -60,7 +122,7 @@ def register_bundle(
     loaded.load_context(type("Ctx", (), {"artifacts": {"bundle": str(run_dir / MODEL_FILE)}})())
     signature = infer_signature(example, loaded.predict(None, example))
 
-    with training_run(run_id) as run:
+    with training_run(run_id):
         mlflow.log_input(_dataset(data), context="training")
         info = mlflow.pyfunc.log_model(
             name=name,
@@ -71,14 +133,9 @@ def register_bundle(
             signature=signature,
             input_example=example,
             registered_model_name=name,
-            tags={"gemflow.kind": bundle.kind, "gemflow.run_dir": run_dir.name},
+            tags={"gemflow.kind": bundle.kind, "gemflow.run_dir": run_dir.name, BUNDLE_HASH_TAG: digest},
         )
-    version = str(info.registered_model_version)
-    client = mlflow.MlflowClient()
-    client.set_model_version_tag(name, version, "gemflow.training_set", str(training_set))
-    if bundle.user_model_version:
-        client.set_model_version_tag(name, version, "gemflow.user_model_version", bundle.user_model_version)
-    return RegisteredVersion(name, version, run.info.run_id)
+    return str(info.registered_model_version)
 
 
 @contextmanager
@@ -93,6 +150,8 @@ def training_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
     try:
         status = mlflow.MlflowClient().get_run(run_id).info.status
     except MlflowException as err:
+        if mlflow_store.unreachable(err):
+            raise  # the server did not answer: not "no such run"
         raise LookupError(
             f"training run {run_id} is not in the tracking store {mlflow.get_tracking_uri()} "
             "(register against the store it was trained in)"

@@ -25,13 +25,20 @@ def server_command(root: Path, host: str = "127.0.0.1", port: int = 5000, worker
 
 
 def start_server(
-    root: Path, host: str = "127.0.0.1", port: int = 5000, timeout: float = 90
+    root: Path, host: str = "127.0.0.1", port: int = 5000, timeout: float = 90, new_session: bool = False
 ) -> subprocess.Popen:
-    """Start the server and wait for /health; the caller stops it (``proc.terminate()``)."""
+    """Start the server and wait for /health; the caller stops it (``proc.terminate()``). ``new_session``: in a
+    process group of its own (its id is ``proc.pid``), so that ``os.killpg`` reaches its workers too."""
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "server.log", "ab")  # noqa: SIM115 (the server process owns it)
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    proc = subprocess.Popen(server_command(root, host, port), stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        server_command(root, host, port),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=new_session,
+    )
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -280,10 +280,11 @@ def test_refresh_from_the_registry_champion_records_its_version(ws, landed, mlfl
     result = CliRunner().invoke(app, cli)
     assert result.exit_code == 0 and "PROMOTED" in result.output, result.output
     first = client.get_model_version_by_alias("gem-user-model", "champion")
-    # the same weights again cannot beat the champion: exit 4, which the register DAG turns into a skip
+    # the same run again (a retried task) reuses its version: the same decision, no second version
     result = CliRunner().invoke(app, cli)
-    assert result.exit_code == 4 and "stays @challenger" in result.output, result.output
+    assert result.exit_code == 0 and f"v{first.version} from" in result.output, result.output
     assert client.get_model_version_by_alias("gem-user-model", "champion").version == first.version
+    assert len(client.search_model_versions("name='gem-user-model'")) == 1
     second = register_bundle(landed[1]["v2"].parent, data)
     cfg = {"tracking_uri": mlflow_server}
     assert refresh(ws, Path("models:/gem-user-model@champion"), DAYS[1], **cfg)["model_version"] == (

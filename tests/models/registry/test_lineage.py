@@ -115,12 +115,16 @@ def test_everything_lives_under_the_workspace(registered):
 def test_register_by_run_id_and_clear_errors(registered, tmp_path):
     ws, run_dir, _ = registered
     run_id = recorded_run_id(run_dir)
+    # the same run again (a retried task): its version is reused and judged as before, no second version
     again = register(ws, "--run-id", run_id)
-    assert again.exit_code == 4 and "stays @challenger" in again.output, again.output  # same weights: no gain
+    assert again.exit_code == 0 and "v1 from" in again.output, again.output
+    assert "no champion yet" in again.output, again.output
     client = client_of(ws)
-    challenger = client.get_model_version_by_alias(NAME, "challenger")
-    assert challenger.run_id == run_id
-    assert client.get_logged_model(logged_model_id(challenger)).params["gate.decision"] == "rejected"
+    versions = client.search_model_versions(f"name='{NAME}' and run_id='{run_id}'")
+    assert [str(v.version) for v in versions] == ["1"]
+    assert dict(client.get_registered_model(NAME).aliases).keys() == {"champion"}
+    model = client.get_logged_model(logged_model_id(client.get_model_version(NAME, "1")))
+    assert model.params["gate.decision"] == "promoted"
 
     bare = tmp_path / "bare"
     shutil.copytree(run_dir, bare)
