@@ -80,7 +80,7 @@ def gemflow_ranker():
         "--calibration-low", "{{ params.calibration_low }}",
         "--calibration-high", "{{ params.calibration_high }}",
         outlets=(RANKER_CHAMPION,),
-        retries=0,  # registering twice would add a second version
+        # retried (the default): a retry reuses the version an attempt registered (models.registry.logging)
         timeout=dt.timedelta(minutes=30),
     )  # fmt: skip
     record = stage_task(

@@ -44,7 +44,7 @@ def gemflow_register():
         "--calibration-low", "{{ params.calibration_low }}",
         "--calibration-high", "{{ params.calibration_high }}",
         outlets=(CHAMPION,),
-        retries=0,  # registering twice would add a second version: a failure needs a look, not a retry
+        # retried (the default): a retry reuses the version an attempt registered (models.registry.logging)
         timeout=dt.timedelta(minutes=30),
         doc="@challenger -> gate (NE on the same held-out split, calibration bounds) -> @champion or not.",
     )  # fmt: skip
