@@ -32,14 +32,21 @@ the buffer of all buckets; ``n`` and ``max_len``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 
 def block_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None, heads: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    bias: torch.Tensor | None,
+    heads: int,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(b, Lq, D), (b, Lk, D), (b, Lk, D) fp32, b = n * heads -> O (b, Lq, D), P (b, Lq, Lk).
+    """(b, Lq, D), (b, Lk, D), (b, Lk, D) fp32, b = n * heads -> O (b, Lq, D) (into ``out`` if given), P (b, Lq, Lk).
 
     ``bias``: None, (b, Lq, Lk), or anything broadcastable to (n, heads, Lq, Lk) (added after the GEMM).
     """
@@ -51,7 +58,7 @@ def block_forward(
         if bias is not None:
             scores.view(b // heads, heads, lq, lk).add_(bias)
     probs = torch.softmax(scores, -1)
-    return torch.bmm(probs, v), probs
+    return torch.bmm(probs, v, out=out), probs
 
 
 def block_backward(
@@ -75,141 +82,183 @@ def block_backward(
     return ds
 
 
-def _heads_first(rows: torch.Tensor, n: int, length: int, parts: int) -> torch.Tensor:
-    """(n * L, parts, H, D) any dtype -> (parts, n * H, L, D) fp32 contiguous, in one copy."""
-    _, _, heads, dim = rows.shape
-    out = torch.empty((parts, n, heads, length, dim), dtype=torch.float32, device=rows.device)
-    out.copy_(rows.reshape(n, length, parts, heads, dim).permute(2, 0, 3, 1, 4))
-    return out.view(parts, n * heads, length, dim)
+@dataclass(frozen=True)
+class HeadsFirst:
+    """Index maps between jagged rows (total, parts, H, D) and one buffer of every bucket's heads-first blocks.
+
+    The buffer holds, bucket after bucket, (parts, n, H, L, D) blocks, as rows of D (``starts[i]``: bucket i's
+    first row; q/k/v of one bucket are then contiguous (n * H, L, D) GEMM operands). Both moves are one
+    ``index_select`` of D-wide rows: ``gather`` (buffer row -> source row of the (total * parts * H, D) view; a
+    padded slot reads its repeated row) and ``scatter`` (source row -> buffer row; rows no bucket covers read
+    the buffer's extra last row, kept zero).
+    """
+
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    starts: list[int]
+    rows: int  # buffer rows, without the extra zero row
 
 
-def _rows_first(blocks: torch.Tensor, out: torch.Tensor, n: int, length: int) -> None:
-    """(parts, n * H, L, D) fp32 -> ``out`` (n * L, parts, H, D) (its dtype), in one copy."""
-    parts, _, _, dim = blocks.shape
-    heads = out.shape[2]
-    out.view(n, length, parts, heads, dim).permute(2, 0, 3, 1, 4).copy_(
-        blocks.view(parts, n, heads, length, dim)
-    )
+def heads_first(buckets, parts: int, heads: int, total: int) -> HeadsFirst:
+    """The ``HeadsFirst`` maps of ``buckets`` over a jagged tensor of ``total`` rows (vectorized per bucket)."""
+    gathers, starts, start = [], [], 0
+    width = parts * heads
+    device = buckets[0].slot_rows.device if buckets else torch.device("cpu")
+    part_head = torch.arange(parts, device=device)[:, None] * heads + torch.arange(heads, device=device)
+    scatter = torch.empty(total * width, dtype=torch.int64, device=device)
+    covered = torch.zeros(total, dtype=torch.bool, device=device)
+    for bucket in buckets:
+        n, length = bucket.n, bucket.max_len
+        slot_rows = bucket.slot_rows.view(1, n, 1, length)
+        gather = (slot_rows * width + part_head.view(parts, 1, heads, 1)).flatten()  # (parts, n, H, L)
+        real = bucket.valid.view(1, n, 1, length).expand(parts, n, heads, length).flatten()
+        scatter[gather[real]] = torch.arange(start, start + gather.numel(), device=device)[real]
+        covered[bucket.slot_rows[bucket.valid.flatten()]] = True
+        gathers.append(gather)
+        starts.append(start)
+        start += gather.numel()
+    scatter.view(total, width).masked_fill_(~covered[:, None], start)  # the zero row
+    gather = torch.cat(gathers) if gathers else scatter.new_zeros(0)
+    return HeadsFirst(gather, scatter, starts, start)
 
 
-def _gather(src: torch.Tensor, bucket, identity: bool) -> torch.Tensor:
-    """One bucket's slots of ``src``; ``identity``: the buffer of all buckets is ``src`` itself (no padding, rows
-    in order), so the bucket is a slice."""
-    if identity:
-        return src.narrow(0, bucket.start, bucket.n * bucket.max_len)
-    return src.index_select(0, bucket.slot_rows)
+def _to_buffer(src: torch.Tensor, moves: HeadsFirst) -> torch.Tensor:
+    """Jagged (total, parts, H, D) or (total, H, D) -> the fp32 buffer (rows, D): one gather, one cast."""
+    return src.reshape(-1, src.shape[-1]).index_select(0, moves.gather).float()
 
 
-def _d_out_block(grad: torch.Tensor, bucket, identity: bool) -> torch.Tensor:
-    """The output gradient of one query bucket, (n * H, L, D) fp32, zero on padded query rows."""
-    d_out = _heads_first(_gather(grad, bucket, identity).unsqueeze(1), bucket.n, bucket.max_len, 1)[0]
+def _from_buffer(buffer: torch.Tensor, moves: HeadsFirst, like_shape, dtype) -> torch.Tensor:
+    """The fp32 buffer (rows + 1, D), last row zero -> jagged ``like_shape`` in ``dtype``: one cast, one gather."""
+    return buffer.to(dtype).index_select(0, moves.scatter).view(like_shape)
+
+
+def _blocks(buffer: torch.Tensor, start: int, parts: int, n: int, heads: int, length: int) -> torch.Tensor:
+    """One bucket's (parts, n * H, L, D) view of a buffer."""
+    size = parts * n * heads * length
+    return buffer[start : start + size].view(parts, n * heads, length, buffer.shape[-1])
+
+
+def _zero_padded_queries(d_out: torch.Tensor, bucket, heads: int) -> None:
+    """A padded query row's output is dropped: its gradient must be zero, not its repeated row's."""
     if bucket.padded:
-        heads = grad.shape[1]
         d_out.view(bucket.n, heads, bucket.max_len, -1).masked_fill_(~bucket.valid[:, None, :, None], 0.0)
-    return d_out
 
 
 class SelfBuckets(torch.autograd.Function):
     """Self-attention over every bucket of one batch: packed (total, 3, H, D) q/k/v rows -> (total, H, D).
 
-    ``masks[i]``: the bucket's additive fp32 mask (broadcastable to (n, H, L, L)) or None; ``bias_index[i]``:
-    None or the bucket's (n or 1, H, L, L) int32 index into the flat fp32 ``table`` (which then also masks).
-    ``slot_of_row`` (total,): each row's slot in the buffer of all buckets (every row has one).
+    ``qkv_moves`` / ``out_moves``: ``heads_first`` maps of the buckets for 3 parts and for 1. ``masks[i]``: the
+    bucket's additive fp32 mask (broadcastable to (n, H, L, L)) or None; ``bias_index[i]``: None or the bucket's
+    (n or 1, H, L, L) int32 index into the flat fp32 ``table`` (which then also masks).
     """
 
     @staticmethod
-    def forward(ctx, qkv, table, buckets, slot_of_row, num_slots, masks, bias_index, identity):
-        heads, dim = qkv.shape[2], qkv.shape[3]
+    def forward(ctx, qkv, table, buckets, qkv_moves, out_moves, masks, bias_index):
+        total, _, heads, dim = qkv.shape
         scale = 1.0 / math.sqrt(dim)
-        out = qkv.new_empty((num_slots, heads, dim))
-        saved = []
-        for bucket, mask, index in zip(buckets, masks, bias_index, strict=True):
+        x = _to_buffer(qkv, qkv_moves)
+        out = x.new_empty((out_moves.rows + 1, dim))
+        out[-1].zero_()
+        probs = []
+        for bucket, mask, index, start, out_start in zip(
+            buckets, masks, bias_index, qkv_moves.starts, out_moves.starts, strict=True
+        ):
             n, length = bucket.n, bucket.max_len
-            x = _heads_first(_gather(qkv, bucket, identity), n, length, 3)
+            q, k, v = _blocks(x, start, 3, n, heads, length)
             bias = mask
             if index is not None:
                 bias = table.index_select(0, index.flatten()).view(index.shape)
                 if index.shape[0] == n:
                     bias = bias.view(n * heads, length, length)
-            o, p = block_forward(x[0], x[1], x[2], scale, bias, heads)
-            _rows_first(o[None], out[bucket.start : bucket.start + n * length].unsqueeze(1), n, length)
-            saved += [x, p]
-        ctx.save_for_backward(slot_of_row, *saved)
+            o = _blocks(out, out_start, 1, n, heads, length)[0]
+            probs.append(block_forward(q, k, v, scale, bias, heads, out=o)[1])
+        ctx.save_for_backward(x, *probs)
         ctx.meta = (
             buckets,
             bias_index,
-            identity,
+            qkv_moves,
+            out_moves,
             qkv.shape,
             scale,
             table.shape[0] if table is not None else 0,
         )
-        return out if identity else out.index_select(0, slot_of_row)
+        return _from_buffer(out, out_moves, (total, heads, dim), qkv.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        slot_of_row, *saved = ctx.saved_tensors
-        buckets, bias_index, identity, shape, scale, table_size = ctx.meta
-        grad_rows = grad.new_empty((sum(b.n * b.max_len for b in buckets), *shape[1:]))
+        x, *probs = ctx.saved_tensors
+        buckets, bias_index, qkv_moves, out_moves, shape, scale, table_size = ctx.meta
+        heads = shape[2]
+        d_out = _to_buffer(grad, out_moves)
+        dx = x.new_empty((qkv_moves.rows + 1, x.shape[1]))
+        dx[-1].zero_()
         grad_table = None
         if table_size and ctx.needs_input_grad[1]:
             grad_table = torch.zeros(table_size, dtype=torch.float32, device=grad.device)
-        for i, (bucket, index) in enumerate(zip(buckets, bias_index, strict=True)):
-            x, p = saved[2 * i], saved[2 * i + 1]
+        for bucket, index, p, start, out_start in zip(
+            buckets, bias_index, probs, qkv_moves.starts, out_moves.starts, strict=True
+        ):
             n, length = bucket.n, bucket.max_len
-            dx = torch.empty_like(x)
-            ds = block_backward(_d_out_block(grad, bucket, identity), x[0], x[1], x[2], p, scale, *dx)
+            do = _blocks(d_out, out_start, 1, n, heads, length)[0]
+            _zero_padded_queries(do, bucket, heads)
+            q, k, v = _blocks(x, start, 3, n, heads, length)
+            ds = block_backward(do, q, k, v, p, scale, *_blocks(dx, start, 3, n, heads, length))
             if grad_table is not None and index is not None:
                 if index.shape[0] != n:  # one index for all sequences: sum their cells first (dense)
                     ds = ds.view(n, -1).sum(0)
                 grad_table.index_add_(0, index.flatten(), ds.flatten())
-            _rows_first(dx, grad_rows[bucket.start : bucket.start + n * length], n, length)
-        grad_qkv = grad_rows if identity else grad_rows.index_select(0, slot_of_row)
-        return grad_qkv, grad_table, None, None, None, None, None, None
+        return _from_buffer(dx, qkv_moves, shape, grad.dtype), grad_table, None, None, None, None, None
 
 
 class CrossBuckets(torch.autograd.Function):
     """Cross-attention over matching query and key buckets: q (total_q, H, D), packed kv (total_kv, 2, H, D).
 
-    ``q_slot_of_row`` / ``kv_slot_of_row``: each row's slot, or the buffers' extra last slot (zeros) for a row no
-    bucket covers (a query whose sequence has no keys gets 0; so does the gradient of keys nobody queries).
+    ``q_moves`` (1 part) / ``kv_moves`` (2 parts): ``heads_first`` maps of the query and key buckets. A query
+    whose sequence has no keys gets 0; so does the gradient of keys nobody queries.
     """
 
     @staticmethod
-    def forward(ctx, q, kv, q_buckets, kv_buckets, q_slot_of_row, kv_slot_of_row, masks):
+    def forward(ctx, q, kv, q_buckets, kv_buckets, q_moves, kv_moves, masks):
         heads, dim = q.shape[1], q.shape[2]
         scale = 1.0 / math.sqrt(dim)
-        out = q.new_empty((sum(b.n * b.max_len for b in q_buckets) + 1, heads, dim))
+        qx, kvx = _to_buffer(q, q_moves), _to_buffer(kv, kv_moves)
+        out = qx.new_empty((q_moves.rows + 1, dim))
         out[-1].zero_()
-        saved = []
-        for qb, kb, mask in zip(q_buckets, kv_buckets, masks, strict=True):
-            qx = _heads_first(q.index_select(0, qb.slot_rows).unsqueeze(1), qb.n, qb.max_len, 1)
-            kvx = _heads_first(kv.index_select(0, kb.slot_rows), kb.n, kb.max_len, 2)
-            o, p = block_forward(qx[0], kvx[0], kvx[1], scale, mask, heads)
-            _rows_first(o[None], out[qb.start : qb.start + qb.n * qb.max_len].unsqueeze(1), qb.n, qb.max_len)
-            saved += [qx, kvx, p]
-        ctx.save_for_backward(q_slot_of_row, kv_slot_of_row, *saved)
-        ctx.meta = (q_buckets, kv_buckets, scale, kv.shape)
-        return out.index_select(0, q_slot_of_row)
+        probs = []
+        for qb, kb, mask, q_start, kv_start in zip(
+            q_buckets, kv_buckets, masks, q_moves.starts, kv_moves.starts, strict=True
+        ):
+            (qh,) = _blocks(qx, q_start, 1, qb.n, heads, qb.max_len)
+            k, v = _blocks(kvx, kv_start, 2, kb.n, heads, kb.max_len)
+            o = _blocks(out, q_start, 1, qb.n, heads, qb.max_len)[0]
+            probs.append(block_forward(qh, k, v, scale, mask, heads, out=o)[1])
+        ctx.save_for_backward(qx, kvx, *probs)
+        ctx.meta = (q_buckets, kv_buckets, q_moves, kv_moves, scale, kv.shape)
+        return _from_buffer(out, q_moves, q.shape, q.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        q_slot_of_row, kv_slot_of_row, *saved = ctx.saved_tensors
-        q_buckets, kv_buckets, scale, kv_shape = ctx.meta
-        gq = grad.new_empty((sum(b.n * b.max_len for b in q_buckets) + 1, *grad.shape[1:]))
-        gkv = grad.new_empty((sum(b.n * b.max_len for b in kv_buckets) + 1, *kv_shape[1:]))
-        gq[-1].zero_()
-        gkv[-1].zero_()
-        for i, (qb, kb) in enumerate(zip(q_buckets, kv_buckets, strict=True)):
-            qx, kvx, p = saved[3 * i : 3 * i + 3]
-            dq, dkv = torch.empty_like(qx), torch.empty_like(kvx)
-            block_backward(
-                _d_out_block(grad, qb, False), qx[0], kvx[0], kvx[1], p, scale, dq[0], dkv[0], dkv[1]
-            )
-            _rows_first(dq, gq[qb.start : qb.start + qb.n * qb.max_len].unsqueeze(1), qb.n, qb.max_len)
-            _rows_first(dkv, gkv[kb.start : kb.start + kb.n * kb.max_len], kb.n, kb.max_len)
+        qx, kvx, *probs = ctx.saved_tensors
+        q_buckets, kv_buckets, q_moves, kv_moves, scale, kv_shape = ctx.meta
+        heads = grad.shape[1]
+        d_out = _to_buffer(grad, q_moves)
+        dq = qx.new_empty((q_moves.rows + 1, qx.shape[1]))
+        dkv = kvx.new_empty((kv_moves.rows + 1, kvx.shape[1]))
+        dq[-1].zero_()
+        dkv[-1].zero_()
+        for qb, kb, p, q_start, kv_start in zip(
+            q_buckets, kv_buckets, probs, q_moves.starts, kv_moves.starts, strict=True
+        ):
+            (do,) = _blocks(d_out, q_start, 1, qb.n, heads, qb.max_len)
+            _zero_padded_queries(do, qb, heads)
+            (qh,) = _blocks(qx, q_start, 1, qb.n, heads, qb.max_len)
+            k, v = _blocks(kvx, kv_start, 2, kb.n, heads, kb.max_len)
+            (dqh,) = _blocks(dq, q_start, 1, qb.n, heads, qb.max_len)
+            dk, dv = _blocks(dkv, kv_start, 2, kb.n, heads, kb.max_len)
+            block_backward(do, qh, k, v, p, scale, dqh, dk, dv)
         return (
-            gq.index_select(0, q_slot_of_row),
-            gkv.index_select(0, kv_slot_of_row),
+            _from_buffer(dq, q_moves, grad.shape, grad.dtype),
+            _from_buffer(dkv, kv_moves, kv_shape, grad.dtype),
             None,
             None,
             None,

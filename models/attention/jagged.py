@@ -87,7 +87,6 @@ class Layout:
     """The buckets of one jagged tensor, stacked in one padded buffer of ``sum(n * max_len)`` slots.
 
     Real row ``rows[i]`` of the jagged tensor sits in slot ``slots[i]`` of the buffer; no row or slot repeats.
-    ``slot_of_row`` (total,): the same map indexed by row, ``num_slots`` for a row no bucket covers.
     ``identity``: the buffer is the jagged tensor itself (no padding, rows in order, e.g. a batch of equal
     lengths such as users whose history fills ``max_history``), so no rows need to move.
     """
@@ -96,7 +95,6 @@ class Layout:
     rows: torch.Tensor
     slots: torch.Tensor
     num_slots: int
-    slot_of_row: torch.Tensor
     identity: bool = False
 
 
@@ -172,11 +170,8 @@ def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
         start += valid.numel()
     empty = offsets.new_zeros(0)
     rows, slots = (torch.cat(rows), torch.cat(slots)) if rows else (empty, empty)
-    total = int(offsets[-1])
-    slot_of_row = torch.full((total,), start, dtype=torch.int64, device=offsets.device)
-    slot_of_row[rows] = slots
-    identity = start == total and torch.equal(rows, slots)
-    return Layout(buckets, rows, slots, start, slot_of_row, identity)
+    identity = start == int(offsets[-1]) and torch.equal(rows, slots)
+    return Layout(buckets, rows, slots, start, identity)
 
 
 def plan_self(offsets: torch.Tensor) -> Layout:
@@ -267,6 +262,8 @@ class SelfPlan:
     pos_columns: int  # P: columns of pos_bias, 0 = no table
     time_columns: int  # T: columns of time_bias, 0 = no table
     masks: list[torch.Tensor | None]  # without tables: each bucket's additive fp32 causal / key-padding mask
+    qkv_moves: bucket_kernel.HeadsFirst  # packed q/k/v rows <-> the bucket kernel's heads-first buffer
+    out_moves: bucket_kernel.HeadsFirst  # output rows <-> its buffer
 
     @property
     def columns(self) -> int:
@@ -304,9 +301,11 @@ def plan_self_attention(
 ) -> SelfPlan:
     """Buckets (``plan_self``) and, when there is a bias table, every bucket's combined-table index."""
     plan = plan_self(offsets)
+    total = int(offsets[-1])
+    moves = [bucket_kernel.heads_first(plan.buckets, parts, heads, total) for parts in (3, 1)]
     if not pos_columns and not time_columns:
         masks = [additive_mask(b, causal) for b in plan.buckets]
-        return SelfPlan(plan, [None] * len(plan.buckets), 0, 0, masks)
+        return SelfPlan(plan, [None] * len(plan.buckets), 0, 0, masks, *moves)
     ts_blocks = to_blocks(timestamps, plan) if time_columns else [None] * len(plan.buckets)
     columns = max(pos_columns, 1) * max(time_columns, 1) + 1
     head_base = (torch.arange(heads, device=offsets.device, dtype=torch.int32) * columns).view(1, heads, 1, 1)
@@ -314,7 +313,7 @@ def plan_self_attention(
         bucket_columns(b, ts, causal, pos_columns, time_columns)[:, None] + head_base
         for b, ts in zip(plan.buckets, ts_blocks, strict=True)
     ]
-    return SelfPlan(plan, index, pos_columns, time_columns, [None] * len(plan.buckets))
+    return SelfPlan(plan, index, pos_columns, time_columns, [None] * len(plan.buckets), *moves)
 
 
 def additive_mask(bucket: Bucket, causal: bool) -> torch.Tensor | None:
@@ -450,14 +449,7 @@ def _self_attention(q, k, v, qkv, offsets, *, causal, pos_bias, time_bias, times
     table = combined_table(pos_bias, time_bias, q.dtype).float() if tables else None
     qkv = torch.stack([q, k, v], 1) if qkv is None else qkv
     return bucket_kernel.SelfBuckets.apply(
-        qkv,
-        table,
-        layout_.buckets,
-        layout_.slot_of_row,
-        layout_.num_slots,
-        plan.masks,
-        plan.bias_index,
-        layout_.identity,
+        qkv, table, layout_.buckets, plan.qkv_moves, plan.out_moves, plan.masks, plan.bias_index
     )
 
 
@@ -517,6 +509,7 @@ def _cross_attention(q, q_offsets, k, v, kv, kv_offsets) -> torch.Tensor:
         return from_blocks(outs, q_plan, q)
     kv = torch.stack([k, v], 1) if kv is None else kv
     masks = [additive_mask(b, causal=False) for b in kv_plan.buckets]
-    return bucket_kernel.CrossBuckets.apply(
-        q, kv, q_plan.buckets, kv_plan.buckets, q_plan.slot_of_row, kv_plan.slot_of_row, masks
-    )
+    heads = q.shape[1]
+    q_moves = bucket_kernel.heads_first(q_plan.buckets, 1, heads, q.shape[0])
+    kv_moves = bucket_kernel.heads_first(kv_plan.buckets, 2, heads, kv.shape[0])
+    return bucket_kernel.CrossBuckets.apply(q, kv, q_plan.buckets, kv_plan.buckets, q_moves, kv_moves, masks)

@@ -176,7 +176,8 @@ def test_packed_cross_attention_matches_reference(pairs, bf16, seed):
 
 
 def test_padded_slots_repeat_a_row_of_their_own_sequence():
-    """A padded slot reads its sequence's last row (any finite row works: nothing real attends to it)."""
+    """A padded slot reads its sequence's last row (any finite row works: nothing real attends to it); the
+    heads-first maps move every (row, part, head) to one buffer row and back."""
     offsets = offsets_of([3, 0, 5, 2, 20])
     plan = jagged.plan_self(offsets)
     for bucket in plan.buckets:
@@ -184,7 +185,20 @@ def test_padded_slots_repeat_a_row_of_their_own_sequence():
         starts, ends = offsets[bucket.seq], offsets[bucket.seq + 1]
         assert bool(((rows >= starts[:, None]) & (rows < ends[:, None])).all())
         assert torch.equal(rows[bucket.valid], (starts[:, None] + torch.arange(bucket.max_len))[bucket.valid])
-    assert torch.equal(plan.slot_of_row[plan.rows], plan.slots)
+    moves = bucket_kernel.heads_first(plan.buckets, 3, 2, int(offsets[-1]))
+    assert moves.rows == 3 * 2 * plan.num_slots and moves.gather.numel() == moves.rows
+    # every (row, part, head) has exactly one buffer row, and that buffer row reads it back
+    assert torch.equal(moves.gather[moves.scatter], torch.arange(int(offsets[-1]) * 3 * 2))
+
+
+def test_rows_no_bucket_covers_read_the_zero_row():
+    """Queries of a sequence without keys (and keys nobody queries) map to the buffer's extra zero row."""
+    q_plan, kv_plan = jagged.plan_cross(offsets_of([2, 3, 0]), offsets_of([4, 0, 5]))
+    q_moves = bucket_kernel.heads_first(q_plan.buckets, 1, 2, 5)
+    kv_moves = bucket_kernel.heads_first(kv_plan.buckets, 2, 2, 9)
+    assert bool((q_moves.scatter.view(5, 2)[2:] == q_moves.rows).all())
+    assert bool((q_moves.scatter.view(5, 2)[:2] < q_moves.rows).all())
+    assert bool((kv_moves.scatter.view(9, 4)[4:] == kv_moves.rows).all())
 
 
 @pytest.mark.parametrize("causal", [False, True])
