@@ -19,8 +19,12 @@ fp32 dS (the math kernel rounds dS to the mask's bf16 before the table sums it).
 
 Padded slots repeat a real row of their sequence instead of holding zeros: no real query ever gives them
 weight (padding sits at the end of each sequence, so causal buckets never reach it, and other buckets mask
-padded keys), their own outputs are dropped, and the gradient of a padded query row is zeroed before the
-backward, so they change nothing and cost no fill.
+padded keys), their own outputs are dropped, and the saved attention rows of padded queries are zeroed, so
+they add nothing to any gradient; they change nothing and cost no fill of the inputs.
+
+Moves between jagged rows and the blocks are D-wide row gathers into one buffer for all buckets
+(``HeadsFirst``), so a call allocates a few large buffers, not a few per bucket: the distributed trainer keeps
+freed memory in the process (``models.distributed.malloc``), which makes re-allocating them each step free.
 
 Every bucket's saved state (fp32 Q, K, V and P) is what the math kernel's autograd keeps as well.
 
@@ -138,10 +142,13 @@ def _blocks(buffer: torch.Tensor, start: int, parts: int, n: int, heads: int, le
     return buffer[start : start + size].view(parts, n * heads, length, buffer.shape[-1])
 
 
-def _zero_padded_queries(d_out: torch.Tensor, bucket, heads: int) -> None:
-    """A padded query row's output is dropped: its gradient must be zero, not its repeated row's."""
+def _drop_padded_queries(probs: torch.Tensor, bucket, heads: int) -> torch.Tensor:
+    """Zero the attention rows of padded query slots (their outputs are dropped, their output gradient is the
+    repeated row's): with P = 0 there, they add nothing to dV, dS (hence dK, dQ and the bias gradient). Done
+    on the saved P, (L, Lk) per row, not on dO, (L, D), in every backward."""
     if bucket.padded:
-        d_out.view(bucket.n, heads, bucket.max_len, -1).masked_fill_(~bucket.valid[:, None, :, None], 0.0)
+        probs.view(bucket.n, heads, bucket.max_len, -1).masked_fill_(~bucket.valid[:, None, :, None], 0.0)
+    return probs
 
 
 class SelfBuckets(torch.autograd.Function):
@@ -171,7 +178,9 @@ class SelfBuckets(torch.autograd.Function):
                 if index.shape[0] == n:
                     bias = bias.view(n * heads, length, length)
             o = _blocks(out, out_start, 1, n, heads, length)[0]
-            probs.append(block_forward(q, k, v, scale, bias, heads, out=o)[1])
+            probs.append(
+                _drop_padded_queries(block_forward(q, k, v, scale, bias, heads, out=o)[1], bucket, heads)
+            )
         ctx.save_for_backward(x, *probs)
         ctx.meta = (
             buckets,
@@ -200,7 +209,6 @@ class SelfBuckets(torch.autograd.Function):
         ):
             n, length = bucket.n, bucket.max_len
             do = _blocks(d_out, out_start, 1, n, heads, length)[0]
-            _zero_padded_queries(do, bucket, heads)
             q, k, v = _blocks(x, start, 3, n, heads, length)
             ds = block_backward(do, q, k, v, p, scale, *_blocks(dx, start, 3, n, heads, length))
             if grad_table is not None and index is not None:
@@ -231,7 +239,9 @@ class CrossBuckets(torch.autograd.Function):
             (qh,) = _blocks(qx, q_start, 1, qb.n, heads, qb.max_len)
             k, v = _blocks(kvx, kv_start, 2, kb.n, heads, kb.max_len)
             o = _blocks(out, q_start, 1, qb.n, heads, qb.max_len)[0]
-            probs.append(block_forward(qh, k, v, scale, mask, heads, out=o)[1])
+            probs.append(
+                _drop_padded_queries(block_forward(qh, k, v, scale, mask, heads, out=o)[1], qb, heads)
+            )
         ctx.save_for_backward(qx, kvx, *probs)
         ctx.meta = (q_buckets, kv_buckets, q_moves, kv_moves, scale, kv.shape)
         return _from_buffer(out, q_moves, q.shape, q.dtype)
@@ -250,7 +260,6 @@ class CrossBuckets(torch.autograd.Function):
             q_buckets, kv_buckets, probs, q_moves.starts, kv_moves.starts, strict=True
         ):
             (do,) = _blocks(d_out, q_start, 1, qb.n, heads, qb.max_len)
-            _zero_padded_queries(do, qb, heads)
             (qh,) = _blocks(qx, q_start, 1, qb.n, heads, qb.max_len)
             k, v = _blocks(kvx, kv_start, 2, kb.n, heads, kb.max_len)
             (dqh,) = _blocks(dq, q_start, 1, qb.n, heads, qb.max_len)
