@@ -151,6 +151,11 @@ def _drop_padded_queries(probs: torch.Tensor, bucket, heads: int) -> torch.Tenso
     return probs
 
 
+def _no_autocast(like: torch.Tensor):
+    """The kernel's arithmetic is fp32 by design: an enclosing autocast must not turn its GEMMs into bf16."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
 class SelfBuckets(torch.autograd.Function):
     """Self-attention over every bucket of one batch: packed (total, 3, H, D) q/k/v rows -> (total, H, D).
 
@@ -161,6 +166,16 @@ class SelfBuckets(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, table, buckets, qkv_moves, out_moves, masks, bias_index):
+        with _no_autocast(qkv):
+            return SelfBuckets._forward(ctx, qkv, table, buckets, qkv_moves, out_moves, masks, bias_index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with _no_autocast(grad):
+            return SelfBuckets._backward(ctx, grad)
+
+    @staticmethod
+    def _forward(ctx, qkv, table, buckets, qkv_moves, out_moves, masks, bias_index):
         total, _, heads, dim = qkv.shape
         scale = 1.0 / math.sqrt(dim)
         x = _to_buffer(qkv, qkv_moves)
@@ -194,7 +209,7 @@ class SelfBuckets(torch.autograd.Function):
         return _from_buffer(out, out_moves, (total, heads, dim), qkv.dtype)
 
     @staticmethod
-    def backward(ctx, grad):
+    def _backward(ctx, grad):
         x, *probs = ctx.saved_tensors
         buckets, bias_index, qkv_moves, out_moves, shape, scale, table_size = ctx.meta
         heads = shape[2]
@@ -227,6 +242,16 @@ class CrossBuckets(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, kv, q_buckets, kv_buckets, q_moves, kv_moves, masks):
+        with _no_autocast(q):
+            return CrossBuckets._forward(ctx, q, kv, q_buckets, kv_buckets, q_moves, kv_moves, masks)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with _no_autocast(grad):
+            return CrossBuckets._backward(ctx, grad)
+
+    @staticmethod
+    def _forward(ctx, q, kv, q_buckets, kv_buckets, q_moves, kv_moves, masks):
         heads, dim = q.shape[1], q.shape[2]
         scale = 1.0 / math.sqrt(dim)
         qx, kvx = _to_buffer(q, q_moves), _to_buffer(kv, kv_moves)
@@ -247,7 +272,7 @@ class CrossBuckets(torch.autograd.Function):
         return _from_buffer(out, q_moves, q.shape, q.dtype)
 
     @staticmethod
-    def backward(ctx, grad):
+    def _backward(ctx, grad):
         qx, kvx, *probs = ctx.saved_tensors
         q_buckets, kv_buckets, q_moves, kv_moves, scale, kv_shape = ctx.meta
         heads = grad.shape[1]

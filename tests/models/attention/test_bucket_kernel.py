@@ -221,3 +221,28 @@ def test_dispatch_packed_falls_back_to_unbound_views_for_other_backends():
     assert torch.equal(via_reference, want)
     via_jagged = dispatch.jagged_self_attention_packed(qkv, inputs["offsets"], backend="jagged", **rest)
     assert_close(via_jagged, want, **FP32, what="output")
+
+
+def test_under_bf16_autocast_the_kernel_stays_fp32_and_matches_the_reference():
+    """A block trained under ``torch.autocast`` (bench/gpu_attention.py's user-model step): the kernel's GEMMs
+    must not be autocast to bf16 (mixed with its fp32 buffers they would fail)."""
+    from models.layers import TransformerBlock
+
+    offsets = offsets_of([5, 0, 17, 9, 33])
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(int(offsets[-1]), 16, generator=gen)
+    ts = torch.cumsum(torch.randint(1, 3600, (int(offsets[-1]),), generator=gen), 0)
+    results = []
+    for backend in ("reference", "jagged"):
+        torch.manual_seed(0)
+        block = TransformerBlock(16, 2, 2, 0.0, causal=True, max_rel_pos=4, time_buckets=8, backend=backend)
+        with torch.no_grad():
+            block.attn.pos_bias.normal_(0, 0.5)
+            block.attn.time_bias.normal_(0, 0.5)
+        leaf = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = block(leaf, offsets, ts)
+        out.float().square().mean().backward()
+        results.append((out, leaf.grad, block.attn.pos_bias.grad, block.attn.time_bias.grad))
+    for name, got, want in zip(("output", "x", "pos_bias", "time_bias"), results[1], results[0], strict=True):
+        assert_close(got, want, **BF16, what=name)
