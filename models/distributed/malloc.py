@@ -6,8 +6,9 @@ and gradients page-fault their memory in again (the kernel zeroes every page fir
 the 2-core bench machine at 22 ms for a 40 MB fp32 tensor whose copy takes 1.7 ms in already-mapped memory.
 With no mmap and a high trim threshold, freed blocks stay in the heap and the next step reuses them.
 
-Done with ``mallopt`` at rank start (no environment variable has to reach the ranks); ``GEMFLOW_KEEP_FREED_MEMORY=0``
-leaves glibc's defaults. Elsewhere than glibc it does nothing. The cost: the heap keeps its high-water mark
+Done with ``mallopt`` at rank start (no environment variable has to reach the ranks) and by ``gemflow train``
+before a single-process run (not by ``models.train.train`` itself: a caller's process keeps its allocator);
+``GEMFLOW_KEEP_FREED_MEMORY=0`` leaves glibc's defaults. Elsewhere than glibc it does nothing. The cost: the heap keeps its high-water mark
 (the ranks' peak memory, which they reach every step anyway) until the process ends.
 """
 
