@@ -144,20 +144,19 @@ class JaggedSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, offsets: torch.Tensor, timestamps: torch.Tensor | None
     ) -> torch.Tensor:
-        return self.out(self.attend(*self.project(x), offsets, timestamps))
+        return self.out(self.attend(self.project(x), offsets, timestamps))
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(total, d) -> q, k, v (total, H, D): per-token work, compiled with the norm before it."""
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """(total, d) -> q, k, v packed as (total, 3, H, D) (a view of the fused projection, no copy): per-token
+        work, compiled with the norm before it; the attention gathers each row's q, k, v together."""
         total, dim = x.shape
-        return self.qkv(x).view(total, 3, self.heads, dim // self.heads).unbind(1)
+        return self.qkv(x).view(total, 3, self.heads, dim // self.heads)
 
-    def attend(self, q, k, v, offsets: torch.Tensor, timestamps: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, qkv, offsets: torch.Tensor, timestamps: torch.Tensor | None) -> torch.Tensor:
         """Attention within each sequence (eager: data-dependent buckets) -> (total, d) before ``out``."""
-        total, heads, head_dim = q.shape
-        y = dispatch.jagged_self_attention(
-            q,
-            k,
-            v,
+        total, _, heads, head_dim = qkv.shape
+        y = dispatch.jagged_self_attention_packed(
+            qkv,
             offsets,
             backend=self.backend,
             causal=self.causal,
@@ -189,7 +188,7 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, offsets, timestamps=None):
-        return self.finish(x, self.attn.attend(*self.project_qkv(x), offsets, timestamps))
+        return self.finish(x, self.attn.attend(self.project_qkv(x), offsets, timestamps))
 
     def project_qkv(self, x):
         return self.attn.project(self.norm1(x))
@@ -220,23 +219,22 @@ class CrossAttention(nn.Module):
                 linear.weight.copy_(weight + 0.02 * torch.randn_like(weight))
                 linear.bias.zero_()
 
-    def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(self, context: torch.Tensor) -> torch.Tensor:
+        """(total, d) -> k, v packed as (total, 2, H, D) (a view of the fused projection)."""
         total, dim = context.shape
-        k, v = self.kv(context).view(total, 2, self.heads, dim // self.heads).unbind(1)
-        return k, v
+        return self.kv(context).view(total, 2, self.heads, dim // self.heads)
 
-    def forward(self, queries, q_offsets, kv: tuple[torch.Tensor, torch.Tensor], kv_offsets) -> torch.Tensor:
+    def forward(self, queries, q_offsets, kv: torch.Tensor, kv_offsets) -> torch.Tensor:
         return self.out(self.attend(self.project_q(queries), q_offsets, kv, kv_offsets))
 
     def project_q(self, queries: torch.Tensor) -> torch.Tensor:
         total, dim = queries.shape
         return self.q(queries).view(total, self.heads, dim // self.heads)
 
-    def attend(self, q, q_offsets, kv: tuple[torch.Tensor, torch.Tensor], kv_offsets) -> torch.Tensor:
+    def attend(self, q, q_offsets, kv: torch.Tensor, kv_offsets) -> torch.Tensor:
         """Jagged cross-attention (eager) -> (total_q, d) before ``out``."""
         total, heads, head_dim = q.shape
-        k, v = kv
-        y = dispatch.jagged_cross_attention(q, q_offsets, k, v, kv_offsets, backend=self.backend)
+        y = dispatch.jagged_cross_attention_packed(q, q_offsets, kv, kv_offsets, backend=self.backend)
         return y.reshape(total, heads * head_dim)
 
 
@@ -257,7 +255,7 @@ class TargetAwareBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = make_ffn(dim, ffn_mult, dropout)
 
-    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, context: torch.Tensor) -> torch.Tensor:
         return self.attn.project_kv(self.norm_ctx(context))
 
     def forward(self, q, q_offsets, kv, kv_offsets):

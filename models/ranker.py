@@ -74,7 +74,7 @@ class UserSide:
 
     context: torch.Tensor  # (total, d) [user tokens ++ recent events] per user, jagged
     offsets: torch.Tensor  # (B + 1,)
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per target-aware block: K, V of the context
+    kv: list[torch.Tensor]  # per target-aware block: K, V of the context packed as (total, 2, H, D)
     profile: torch.Tensor  # (B, PROFILE_TOKENS, d)
 
 
@@ -232,13 +232,14 @@ class Ranker(nn.Module):
     def _one_user_block(
         block: TargetAwareBlock,
         q: torch.Tensor,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        kv: torch.Tensor,
         projected: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``TargetAwareBlock.forward`` for the candidates of ONE user: the jagged layout is a single dense
-        block, so attention is one SDPA call over (1, heads, N, head_dim) queries and the user's K/V.
-        ``projected``: ``block.project_query(q)`` when the caller has it already."""
-        attn, (k, v) = block.attn, kv
+        block, so attention is one SDPA call over (1, heads, N, head_dim) queries and the user's K/V (packed
+        (T, 2, heads, head_dim), ``CrossAttention.project_kv``). ``projected``: ``block.project_query(q)`` when
+        the caller has it already."""
+        attn, (k, v) = block.attn, kv.unbind(1)
         n, d = q.shape
         if k.shape[0] == 0:  # no context: attention reads zeros (the jagged ops' empty-sequence rule)
             y = q.new_zeros(n, d)

@@ -8,6 +8,10 @@ Backends share the reference signature (``models.attention.reference``):
 - ``triton``: GPU kernels (``models.attention.triton``), imported only when chosen, so a machine without
   Triton never imports it.
 ``auto`` picks ``triton`` for CUDA tensors when Triton is importable, else ``jagged``.
+
+The ``*_packed`` entry points take q, k, v (or k, v) packed along dim 1, as the fused projections produce them
+((total, 3, H, D), (total, 2, H, D)): a backend with its own packed op gathers each row once; the others get
+the unbound views.
 """
 
 from __future__ import annotations
@@ -56,3 +60,25 @@ def jagged_self_attention(q, k, v, offsets, *, backend: Backend = "auto", **kwar
 def jagged_cross_attention(q, q_offsets, k, v, kv_offsets, *, backend: Backend = "auto") -> torch.Tensor:
     with record_function("gemflow.attention"):
         return _op(backend, q.device, "jagged_cross_attention")(q, q_offsets, k, v, kv_offsets)
+
+
+@torch.compiler.disable
+def jagged_self_attention_packed(qkv, offsets, *, backend: Backend = "auto", **kwargs) -> torch.Tensor:
+    """``jagged_self_attention`` on q, k, v packed as (total, 3, H, D)."""
+    with record_function("gemflow.attention"):
+        module = importlib.import_module(_MODULES[resolve(backend, qkv.device)])
+        packed = getattr(module, "jagged_self_attention_packed", None)
+        if packed is not None:
+            return packed(qkv, offsets, **kwargs)
+        return module.jagged_self_attention(*qkv.unbind(1), offsets, **kwargs)
+
+
+@torch.compiler.disable
+def jagged_cross_attention_packed(q, q_offsets, kv, kv_offsets, *, backend: Backend = "auto") -> torch.Tensor:
+    """``jagged_cross_attention`` with k, v packed as (total_kv, 2, H, D)."""
+    with record_function("gemflow.attention"):
+        module = importlib.import_module(_MODULES[resolve(backend, q.device)])
+        packed = getattr(module, "jagged_cross_attention_packed", None)
+        if packed is not None:
+            return packed(q, q_offsets, kv, kv_offsets)
+        return module.jagged_cross_attention(q, q_offsets, *kv.unbind(1), kv_offsets)

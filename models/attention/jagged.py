@@ -1,4 +1,4 @@
-"""CPU fast path for jagged attention: length buckets + fused SDPA, never paying for the batch's longest sequence.
+"""CPU fast path for jagged attention: length buckets, never paying for the batch's longest sequence.
 
 Same ops and signatures as ``models.attention.reference`` (read its docstring for the layout, the relative
 position / time bias and the empty-sequence semantics). How it avoids padding:
@@ -8,20 +8,28 @@ position / time bias and the empty-sequence semantics). How it avoids padding:
    longest sequence wastes at most ``PAD_BUDGET`` of its tokens), then merge neighbouring classes where one
    kernel call fewer saves more than the padding it adds (``merge_groups``). Indices come from the offsets in
    a few vectorized ops; Python loops run over classes and buckets (a few dozen), never over sequences.
-2. One copy moves the rows into a zero-padded buffer holding every bucket's dense (n, L_b, H, D) block
-   (``_MoveRows``: no row repeats, so its backward is the reverse copy, not a scatter-add).
-3. Each bucket runs ``torch.nn.functional.scaled_dot_product_attention``: the fused CPU kernel when no bias needs
-   a gradient, PyTorch's math kernel otherwise. The relative bias is built per bucket at (1 or n, H, L_b, L_b),
-   never at (B, H, N_max, N_max), and cheaply: each cell's column in a small combined (position x time-gap)
-   table, causality and key padding included, is computed once per batch (``SelfPlan``, reused by every layer
-   and head), so a layer's whole mask is one gather. Causal buckets need no key-padding mask: padding sits at
-   the end of each sequence, so a real query never sees a padded key.
+2. Training (any input needs a gradient): ``models.attention.bucket_kernel`` runs every bucket of the call in
+   one autograd node: per bucket one gather of the packed rows (``jagged_self_attention_packed`` takes the fused
+   projection's (total, 3, H, D) view, so q, k and v move together; a padded slot repeats a real row instead
+   of needing a zero-filled buffer), one copy into fp32 heads-first blocks, the score GEMM with the bias added
+   inside it, softmax, the value GEMM, and a hand-written backward (the math SDPA kernel's arithmetic without
+   its per-call copies and checks). The relative bias is built per bucket at (1 or n, H, L_b, L_b), never at
+   (B, H, N_max, N_max), and cheaply: each cell's column in a small combined (position x time-gap) table,
+   causality and key padding included, is computed once per batch (``SelfPlan``, reused by every layer and
+   head), so a layer's whole bias is one gather from its (H, P * T + 1) table, and its gradient one fp32
+   ``index_add_`` of the score gradients. Without tables the causal / key-padding masks are built once per
+   batch too. Causal buckets need no key-padding mask: padding sits at the end of each sequence, so a real
+   query never sees a padded key.
+3. Forward only (inference, ``no_grad``): one copy moves the rows into a zero-padded buffer holding every
+   bucket's dense (n, L_b, H, D) block (``_MoveRows``) and each bucket runs
+   ``torch.nn.functional.scaled_dot_product_attention`` (the fused CPU kernel), the bias gathered in the
+   inputs' dtype.
 4. The real rows of every bucket go back to their jagged place with one more move; rows no bucket covers
    (cross-attention queries whose sequence has no keys) stay zero. As in the reference, a batch where nothing
    attends returns plain zeros.
 
-Autograd runs through these ops (forward and backward). bf16 inputs stay bf16 inside SDPA, whose CPU kernels
-accumulate in fp32 (the math kernel upcasts); the bias-table gradients are summed in fp32 too.
+Autograd runs through these ops (forward and backward). bf16 inputs are computed in fp32 inside the bucket
+kernel (as the math SDPA kernel does) and returned in bf16; the bias-table gradients are summed in fp32.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.attention import validate
+from models.attention import bucket_kernel, validate
 from models.attention.reference import pos_bucket
 from models.transforms import lengths, time_bucket
 
@@ -58,6 +66,12 @@ class Bucket:
     seq: torch.Tensor  # (n,) int64 sequence ids in the batch
     valid: torch.Tensor  # (n, max_len) bool: slot holds a real row
     padded: bool  # whether any slot is padding
+    slot_rows: torch.Tensor  # (n * max_len,) int64 each slot's row; a padded slot repeats its sequence's last
+    start: int  # the bucket's first slot in the buffer of all buckets
+
+    @property
+    def n(self) -> int:
+        return self.valid.shape[0]
 
     @property
     def max_len(self) -> int:
@@ -149,9 +163,10 @@ def layout(groups: list[torch.Tensor], offsets: torch.Tensor) -> Layout:
         pos = torch.arange(max_len, device=offsets.device)
         valid = pos[None, :] < seq_lens[:, None]
         real = valid.flatten().nonzero().squeeze(1)
-        rows.append((offsets[seq][:, None] + pos[None, :]).flatten()[real])
+        slot_rows = (offsets[seq][:, None] + torch.minimum(pos[None, :], seq_lens[:, None] - 1)).flatten()
+        rows.append(slot_rows[real])
         slots.append(real + start)
-        buckets.append(Bucket(seq, valid, bool(seq_lens.min() < max_len)))
+        buckets.append(Bucket(seq, valid, bool(seq_lens.min() < max_len), slot_rows, start))
         start += valid.numel()
     empty = offsets.new_zeros(0)
     rows, slots = (torch.cat(rows), torch.cat(slots)) if rows else (empty, empty)
@@ -246,6 +261,9 @@ class SelfPlan:
     bias_index: list[torch.Tensor | None]
     pos_columns: int  # P: columns of pos_bias, 0 = no table
     time_columns: int  # T: columns of time_bias, 0 = no table
+    masks: list[torch.Tensor | None]  # without tables: each bucket's additive fp32 causal / key-padding mask
+    qkv_moves: bucket_kernel.HeadsFirst  # packed q/k/v rows <-> the bucket kernel's heads-first buffer
+    out_moves: bucket_kernel.HeadsFirst  # output rows <-> its buffer
 
     @property
     def columns(self) -> int:
@@ -283,8 +301,11 @@ def plan_self_attention(
 ) -> SelfPlan:
     """Buckets (``plan_self``) and, when there is a bias table, every bucket's combined-table index."""
     plan = plan_self(offsets)
+    total = int(offsets[-1])
+    moves = [bucket_kernel.heads_first(plan.buckets, parts, heads, total) for parts in (3, 1)]
     if not pos_columns and not time_columns:
-        return SelfPlan(plan, [None] * len(plan.buckets), 0, 0)
+        masks = [additive_mask(b, causal) for b in plan.buckets]
+        return SelfPlan(plan, [None] * len(plan.buckets), 0, 0, masks, *moves)
     ts_blocks = to_blocks(timestamps, plan) if time_columns else [None] * len(plan.buckets)
     columns = max(pos_columns, 1) * max(time_columns, 1) + 1
     head_base = (torch.arange(heads, device=offsets.device, dtype=torch.int32) * columns).view(1, heads, 1, 1)
@@ -292,7 +313,19 @@ def plan_self_attention(
         bucket_columns(b, ts, causal, pos_columns, time_columns)[:, None] + head_base
         for b, ts in zip(plan.buckets, ts_blocks, strict=True)
     ]
-    return SelfPlan(plan, index, pos_columns, time_columns)
+    return SelfPlan(plan, index, pos_columns, time_columns, [None] * len(plan.buckets), *moves)
+
+
+def additive_mask(bucket: Bucket, causal: bool) -> torch.Tensor | None:
+    """fp32 0 / -inf mask of one bucket broadcastable to (n, H, L, L): causal (L, L) (padding then needs none:
+    it sits at the end of each sequence), else the padded keys (n, 1, 1, L); None when nothing is masked."""
+    length, device = bucket.max_len, bucket.valid.device
+    if causal:
+        return torch.full((length, length), float("-inf"), device=device).triu_(1) if length > 1 else None
+    if not bucket.padded:
+        return None
+    mask = torch.zeros(bucket.valid.shape, device=device).masked_fill_(~bucket.valid, float("-inf"))
+    return mask[:, None, None, :]
 
 
 class _PlanCache(threading.local):
@@ -356,28 +389,11 @@ def combined_table(
     return torch.cat([table, masked], 1).to(dtype).flatten()
 
 
-class _LookupBias(torch.autograd.Function):
-    """``table[index]`` for a small flat table and a large int32 index, with a lean backward.
-
-    Autograd's own backward (index_put with accumulate) costs several times the attention on CPU; one
-    ``index_add_`` of the whole gradient, accumulated in fp32, is the cheapest measured.
-    """
-
-    @staticmethod
-    def forward(ctx, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(index)
-        ctx.table_size, ctx.table_dtype = table.shape[0], table.dtype
-        return table.index_select(0, index.flatten()).view(index.shape)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (index,) = ctx.saved_tensors
-        out = torch.zeros(ctx.table_size, dtype=torch.float32, device=grad.device)
-        out.index_add_(0, index.flatten(), grad.reshape(-1).float())
-        return out.to(ctx.table_dtype), None
-
-
 # ------------------------------------------------------------------------------------------------- ops
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def jagged_self_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -391,6 +407,30 @@ def jagged_self_attention(
 ) -> torch.Tensor:
     """Softmax attention within each jagged sequence. q, k, v: (total, H, D); timestamps: (total,) seconds."""
     validate.check_self_attention(q, k, v, offsets, pos_bias, time_bias, timestamps)
+    return _self_attention(
+        q, k, v, None, offsets, causal=causal, pos_bias=pos_bias, time_bias=time_bias, timestamps=timestamps
+    )
+
+
+def jagged_self_attention_packed(
+    qkv: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    causal: bool = False,
+    pos_bias: torch.Tensor | None = None,
+    time_bias: torch.Tensor | None = None,
+    timestamps: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``jagged_self_attention`` on q, k, v packed as (total, 3, H, D), the fused projection's layout: the
+    buckets gather each row's q, k and v in one move (and scatter their gradients back in one)."""
+    q, k, v = qkv.unbind(1)
+    validate.check_self_attention(q, k, v, offsets, pos_bias, time_bias, timestamps)
+    return _self_attention(
+        q, k, v, qkv, offsets, causal=causal, pos_bias=pos_bias, time_bias=time_bias, timestamps=timestamps
+    )
+
+
+def _self_attention(q, k, v, qkv, offsets, *, causal, pos_bias, time_bias, timestamps) -> torch.Tensor:
     plan = cached_plan_self_attention(
         offsets,
         timestamps,
@@ -399,6 +439,22 @@ def jagged_self_attention(
         pos_columns=pos_bias.shape[1] if pos_bias is not None else 0,
         time_columns=time_bias.shape[1] if time_bias is not None else 0,
     )
+    layout_ = plan.layout
+    if not layout_.buckets:  # nothing attends
+        return q.new_zeros(q.shape)
+    tables = plan.pos_columns or plan.time_columns
+    if not _needs_grad(q, k, v, pos_bias, time_bias):
+        return _self_attention_sdpa(q, k, v, plan, bool(causal), pos_bias, time_bias)
+    # the combined table in the inputs' dtype, as the mask SDPA would get, then fp32 for the kernel
+    table = combined_table(pos_bias, time_bias, q.dtype).float() if tables else None
+    qkv = torch.stack([q, k, v], 1) if qkv is None else qkv
+    return bucket_kernel.SelfBuckets.apply(
+        qkv, table, layout_.buckets, plan.qkv_moves, plan.out_moves, plan.masks, plan.bias_index
+    )
+
+
+def _self_attention_sdpa(q, k, v, plan: SelfPlan, causal: bool, pos_bias, time_bias) -> torch.Tensor:
+    """Forward only (inference, no_grad): PyTorch's fused CPU kernel per bucket."""
     layout_ = plan.layout
     table = combined_table(pos_bias, time_bias, q.dtype) if plan.pos_columns or plan.time_columns else None
     outs = []
@@ -411,7 +467,7 @@ def jagged_self_attention(
         strict=True,
     ):
         if index is not None:  # causality and key padding are in the bias (its -inf column)
-            outs.append(_sdpa(qb, kb, vb, _LookupBias.apply(table, index)))
+            outs.append(_sdpa(qb, kb, vb, table.index_select(0, index.flatten()).view(index.shape)))
         elif causal:
             outs.append(_sdpa(qb, kb, vb, None, is_causal=bucket.max_len > 1))
         else:
@@ -428,10 +484,32 @@ def jagged_cross_attention(
 ) -> torch.Tensor:
     """Each sequence's queries attend over that sequence's keys. q: (total_q, H, D); k, v: (total_kv, H, D)."""
     validate.check_cross_attention(q, q_offsets, k, v, kv_offsets)
+    return _cross_attention(q, q_offsets, k, v, None, kv_offsets)
+
+
+def jagged_cross_attention_packed(
+    q: torch.Tensor, q_offsets: torch.Tensor, kv: torch.Tensor, kv_offsets: torch.Tensor
+) -> torch.Tensor:
+    """``jagged_cross_attention`` with k, v packed as (total_kv, 2, H, D), the fused projection's layout."""
+    k, v = kv.unbind(1)
+    validate.check_cross_attention(q, q_offsets, k, v, kv_offsets)
+    return _cross_attention(q, q_offsets, k, v, kv, kv_offsets)
+
+
+def _cross_attention(q, q_offsets, k, v, kv, kv_offsets) -> torch.Tensor:
     q_plan, kv_plan = plan_cross(q_offsets, kv_offsets)
-    outs = []
-    for kv_bucket, qb, kb, vb in zip(
-        kv_plan.buckets, to_blocks(q, q_plan), to_blocks(k, kv_plan), to_blocks(v, kv_plan), strict=True
-    ):
-        outs.append(_sdpa(qb, kb, vb, kv_bucket.valid[:, None, None, :] if kv_bucket.padded else None))
-    return from_blocks(outs, q_plan, q)
+    if not q_plan.buckets:  # no sequence has both queries and keys
+        return q.new_zeros(q.shape)
+    if not _needs_grad(q, k, v):
+        outs = []
+        for kv_bucket, qb, kb, vb in zip(
+            kv_plan.buckets, to_blocks(q, q_plan), to_blocks(k, kv_plan), to_blocks(v, kv_plan), strict=True
+        ):
+            outs.append(_sdpa(qb, kb, vb, kv_bucket.valid[:, None, None, :] if kv_bucket.padded else None))
+        return from_blocks(outs, q_plan, q)
+    kv = torch.stack([k, v], 1) if kv is None else kv
+    masks = [additive_mask(b, causal=False) for b in kv_plan.buckets]
+    heads = q.shape[1]
+    q_moves = bucket_kernel.heads_first(q_plan.buckets, 1, heads, q.shape[0])
+    kv_moves = bucket_kernel.heads_first(kv_plan.buckets, 2, heads, kv.shape[0])
+    return bucket_kernel.CrossBuckets.apply(q, kv, q_plan.buckets, kv_plan.buckets, q_moves, kv_moves, masks)

@@ -42,6 +42,9 @@ SPANS = {  # record_function spans (trainer phases, the attention dispatch) -> t
     "gemflow.optimizer_step": "optimizer",
 }
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
+# spans that mark work inside a phase, never a phase: at the top level (an evaluation or the model export between
+# steps, which run outside the trainer's phases) they are no step time
+INNER_SPANS = frozenset({"gemflow.attention"})
 
 
 def _is_comm(name: str) -> bool:
@@ -54,10 +57,11 @@ def account(events, steps: int) -> dict:
 
     ``events``: ``profiler.events()`` (FunctionEvents with parents/children). The step is the sum of the
     trainer's top-level ``gemflow.*`` phase spans (batch, sparse forward, dense forward, backward, optimizer
-    step; backward runs on the same thread on CPU); without such spans, every top-level event.
+    step; backward runs on the same thread on CPU; not an attention span outside them, e.g. of an evaluation
+    between steps); without such spans, every top-level event.
     """
     roots = [e for e in events if e.cpu_parent is None]
-    phases = [e for e in roots if e.name.startswith("gemflow.")]
+    phases = [e for e in roots if e.name.startswith("gemflow.") and e.name not in INNER_SPANS]
     if phases:  # the step's phase spans only: an evaluation or checkpoint inside the window is no step time
         roots = phases
     if not roots or steps < 1:

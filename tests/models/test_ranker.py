@@ -37,7 +37,7 @@ def test_one_call_over_n_candidates_equals_n_single_calls(pooling):
         # user 0 of the batch against every candidate of the batch
         side = model.user_side(batch.history, batch.profile, batch.user_tokens, batch.user_token_mask)
         first = dataclasses.replace(side, context=side.context[: int(side.offsets[1])], offsets=side.offsets[:2],
-                                    kv=[(k[: int(side.offsets[1])], v[: int(side.offsets[1])]) for k, v in side.kv],
+                                    kv=[kv[: int(side.offsets[1])] for kv in side.kv],
                                     profile=side.profile[:1])  # fmt: skip
         together = model.score(first, dataclasses.replace(batch.candidates, offsets=torch.tensor([0, n])))
         singles = []
@@ -45,7 +45,7 @@ def test_one_call_over_n_candidates_equals_n_single_calls(pooling):
             one = dataclasses.replace(batch, candidates=batch.candidates.select(torch.tensor([i])))
             sub = model.user_side(one.history, one.profile, one.user_tokens, one.user_token_mask)
             sub = dataclasses.replace(sub, context=sub.context[: int(sub.offsets[1])], offsets=sub.offsets[:2],
-                                      kv=[(k[: int(sub.offsets[1])], v[: int(sub.offsets[1])]) for k, v in sub.kv],
+                                      kv=[kv[: int(sub.offsets[1])] for kv in sub.kv],
                                       profile=sub.profile[:1])  # fmt: skip
             singles.append(model.score(sub, one.candidates.select(torch.tensor([0]))))
     torch.testing.assert_close(together, torch.cat(singles), rtol=1e-5, atol=1e-6)
