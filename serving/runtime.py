@@ -17,12 +17,12 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import sys
 
 import torch
+
+from models.malloc import glibc_mallopt
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,8 @@ TRIM_THRESHOLD_BYTES = 64 << 20  # free heap kept before glibc returns it (a req
 
 def keep_allocations_in_heap() -> bool:
     """Raise glibc's mmap/trim thresholds (see the module docstring); False where that is not possible."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = glibc_mallopt()
+    if mallopt is None:
         return False
     # glibc refuses an mmap threshold above HEAP_MAX/2 (32 MiB on 64-bit); fall back to that cap.
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) or bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))

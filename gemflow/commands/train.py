@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         if nproc is not None:  # hand off to the distributed launcher (models/distributed/launch.py)
             _train_distributed(cfg, workspace(ws))
             return
-        from models.distributed.malloc import keep_freed_memory
+        from models.malloc import keep_freed_memory
 
         keep_freed_memory()  # this process only trains: reuse freed memory, as the distributed ranks do
         try:

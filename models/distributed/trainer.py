@@ -45,13 +45,13 @@ from models.distributed.config import validate_distributed
 from models.distributed.ds_config import deepspeed_config
 from models.distributed.fp8 import convert_to_float8
 from models.distributed.fp8_gemm import figures, set_cpu_gemm, use_cpu_gemm
-from models.distributed.malloc import keep_freed_memory
 from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
 from models.distributed.sparse import SparseLookup
 from models.distributed.step_account import account
 from models.loop import LoopConfig, LoopState, run_loop
+from models.malloc import keep_freed_memory
 from models.metrics import binary_metrics
 
 log = logging.getLogger("gemflow.distributed")
@@ -743,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("DeepSpeed", "torchrec", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = load_config(TrainRunConfig, args.config)
-    keep_freed_memory()  # no page faults on each step's large tensors (models.distributed.malloc)
+    keep_freed_memory()  # no page faults on each step's large tensors (models.malloc)
     try:
         run(cfg, Workspace(args.workspace.resolve()), args.run_dir.resolve())
     finally:

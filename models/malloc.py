@@ -19,22 +19,31 @@ import ctypes.util
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 ENV = "GEMFLOW_KEEP_FREED_MEMORY"
 
 
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse; whether it applied."""
-    if os.environ.get(ENV, "1") == "0" or not sys.platform.startswith("linux"):
-        return False
+def glibc_mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt(param, value)`` (1 = applied), or None where the C library has none."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
-        return False
+        return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse; whether it applied."""
+    mallopt = glibc_mallopt()
+    if os.environ.get(ENV, "1") == "0" or mallopt is None:
+        return False
     applied = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
     if not applied:
         log.warning("mallopt refused: freed memory goes back to the OS (page faults on every large tensor)")
