@@ -340,8 +340,9 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         for i in tqdm(range(total), desc="soak", leave=False, disable=None, mininterval=2):
             due = start + i / rate
-            if due > time.perf_counter():
-                time.sleep(due - time.perf_counter())
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
             pool.submit(one, i, due)
     wall = time.perf_counter() - start
     server_cpu = 1e3 * (cpu_seconds(proc) - cpu0) / total
