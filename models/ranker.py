@@ -253,7 +253,7 @@ class Ranker(nn.Module):
             )[0].transpose(0, 1)
             y = y.reshape(n, d)
         q = onednn.linear(y, attn.out.weight, attn.out.bias, residual=q)
-        if not isinstance(block.ffn, FeedForward):  # e.g. a mixture of experts
+        if block.training or not isinstance(block.ffn, FeedForward):  # dropout on, or e.g. mixture of experts
             return q + block.ffn(block.norm2(q))
         up, _, down, _ = block.ffn.net  # Linear, GELU, Linear, Dropout (identity in eval)
         h = onednn.linear(block.norm2(q), up.weight, up.bias, "gelu")
