@@ -63,7 +63,7 @@ class ScoringConfig:
     feature_workers: int = 4  # online-store read threads (a read holds one ~1 ms; a hung store, all)
     feature_waiting: int = 0  # reads that may wait for a busy worker; beyond that -> degraded at once
     gil_switch_ms: float = 1.0  # interpreter switch interval (serving.runtime); 0 = CPython's default, 5 ms
-    cache_max_ads: int = 100_000  # ad tables up to this size get per-ad query rows (serving.candidate_cache)
+    cache_mb: float = 128.0  # memory for per-ad query rows, all surfaces (serving.candidate_cache); 0 = off
 
 
 @dataclass
@@ -135,8 +135,8 @@ class ServingConfig:
         if con.http_parser not in ("httptools", "h11"):
             raise ValueError(f"connections.http_parser must be httptools or h11, got {con.http_parser!r}")
         sc = self.scoring
-        if sc.cache_max_ads < 0:
-            raise ValueError(f"scoring.cache_max_ads must be >= 0 (0 = no cache), got {sc.cache_max_ads}")
+        if sc.cache_mb < 0:
+            raise ValueError(f"scoring.cache_mb must be >= 0 (0 = no cache), got {sc.cache_mb}")
         if sc.feature_waiting < 0:
             raise ValueError(f"scoring.feature_waiting must be >= 0, got {sc.feature_waiting}")
         if sc.gil_switch_ms < 0:

@@ -105,7 +105,7 @@ class RankerPredictor(Model):
         )
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
-        self.candidate_cache = CandidateCache(self.served.ranker, sc.cache_max_ads)
+        self.candidate_cache = CandidateCache(self.served.ranker, int(sc.cache_mb * 2**20))
         if self.store is None:
             from features.store import open_store
 
@@ -166,9 +166,10 @@ class RankerPredictor(Model):
         score = functools.partial(score_shared, self.served.ranker, user, cands, self.cfg.scoring.batch_size)
         for fut in [self._scoring.submit(score) for _ in range(2 * self.cfg.scoring.workers)]:
             fut.result()
-        if 0 < len(self.ad_arrays().advertiser) <= self.cfg.scoring.cache_max_ads:
-            for surface in SURFACE_ID.values():  # the first request per surface finds its rows ready
-                self.candidate_cache.table(self.ad_arrays(), surface)
+        for (
+            surface
+        ) in SURFACE_ID.values():  # the first request per surface finds its rows ready (if they fit)
+            self.candidate_cache.table(self.ad_arrays(), surface)
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""

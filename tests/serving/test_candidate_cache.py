@@ -33,7 +33,7 @@ def _scores(ranker, ads, ad_ids, surface, cache=None):
 
 def test_cached_rows_score_like_the_request_path():
     ranker, ads = _ranker(True), _arrays(0)
-    cache = CandidateCache(ranker, max_ads=1000)
+    cache = CandidateCache(ranker, max_bytes=2**20)
     ad_ids = np.random.default_rng(1).permutation(ADS)[:180]  # known, unknown-in-range and OOV-vocabulary ads
     for surface in (0, 3):
         cached, queries = _scores(ranker, ads, ad_ids, surface, cache)
@@ -44,7 +44,7 @@ def test_cached_rows_score_like_the_request_path():
 
 
 def test_a_new_snapshot_replaces_the_rows():
-    ranker, cache = _ranker(True), CandidateCache(_ranker(True), max_ads=1000)
+    ranker, cache = _ranker(True), CandidateCache(_ranker(True), max_bytes=2**20)
     first, second = _arrays(0), _arrays(1)
     ad_ids = np.arange(100, dtype=np.int64)
     table = cache.table(first, 0)
@@ -56,10 +56,14 @@ def test_a_new_snapshot_replaces_the_rows():
 
 def test_what_the_cache_does_not_cover_takes_the_request_path():
     ranker, ads = _ranker(True), _arrays(0)
-    cache = CandidateCache(ranker, max_ads=1000)
+    cache = CandidateCache(ranker, max_bytes=2**20)
     assert cache.queries(ads, 0, np.array([5, ADS])) is None  # an id past the ad table
     assert cache.queries(ads, 0, np.array([], np.int64)) is None
-    assert CandidateCache(ranker, max_ads=ADS - 1).queries(ads, 0, np.array([5])) is None  # too big to cache
-    assert CandidateCache(ranker, max_ads=0).queries(ads, 0, np.array([5])) is None  # off
+    one_table = cache.table_bytes(ADS)
+    assert one_table == ADS * 2 * 16 * 4  # token + first query, d_model 16, float32
+    small = CandidateCache(ranker, max_bytes=one_table)  # room for one surface's table, not two
+    assert small.queries(ads, 0, np.array([5])) is not None and small.held_bytes() == one_table
+    assert small.queries(ads, 1, np.array([5])) is None  # would not fit: the request path computes it
+    assert CandidateCache(ranker, max_bytes=0).queries(ads, 0, np.array([5])) is None  # off
     rows = cache.queries(ads, 0, np.array([7, 7, 3]))
     torch.testing.assert_close(rows.token[0], rows.token[1])
