@@ -29,7 +29,9 @@ from tests.platform.ui import check_uis
 
 REPO = Path(__file__).resolve().parents[2]
 GEMFLOW = str(Path(sys.executable).parent / "gemflow")
-PASS_TIMEOUT = float(os.environ.get("GEMFLOW_PLATFORM_TEST_TIMEOUT", "2400"))  # measured 10-14 min at load 4-13
+PASS_TIMEOUT = float(
+    os.environ.get("GEMFLOW_PLATFORM_TEST_TIMEOUT", "2400")
+)  # measured 10-14 min at load 4-13
 CHAIN = ["gemflow_land", "gemflow_ingest", "gemflow_train", "gemflow_register", "gemflow_refresh",
          "gemflow_ranker", "gemflow_deploy"]  # fmt: skip
 

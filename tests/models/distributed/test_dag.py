@@ -40,7 +40,9 @@ def test_train_dag_builds_the_set_then_launches_the_distributed_job(tmp_path):
         assert out["upstream"] == ["build_training_set"]
         assert out["outlets"] == ["gemflow.user_model"]
         assert out["schedule_assets"] == ["gemflow.features"]
-        assert operator in out["type"]  # cluster mode: a KubernetesPodOperator (StagePodOperator maps exit codes)
+        assert (
+            operator in out["type"]
+        )  # cluster mode: a KubernetesPodOperator (StagePodOperator maps exit codes)
         args = out["args"]
         assert args[:3] == ["train", "--model", "user"]
         assert args[args.index("--nproc") + 1] == "{{ params.nproc }}"
