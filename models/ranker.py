@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import onednn
+from models.attention.shared_context import SharedContext, attend
 from models.config import RankerConfig
 from models.data import CANDIDATE_ID_FIELDS, EVENT_ID_FIELDS, Batch, Candidates, Events, Profile
 from models.layers import (
@@ -176,7 +177,8 @@ class Ranker(nn.Module):
         if self.cfg.pooling == "target":
             for i, (block, kv) in enumerate(zip(self.blocks, side.kv, strict=True)):
                 if one_user:
-                    q = self._one_user_block(block, q, kv, queries.first_query if i == 0 else None)
+                    ctx = SharedContext.from_kv(kv)
+                    q = self._one_user_block(block, q, ctx, queries.first_query if i == 0 else None)
                 else:
                     q = block(q, cands.offsets, kv, side.offsets)
         elif self.cfg.pooling == "mean":
@@ -232,26 +234,19 @@ class Ranker(nn.Module):
     def _one_user_block(
         block: TargetAwareBlock,
         q: torch.Tensor,
-        kv: torch.Tensor,
+        ctx: SharedContext,
         projected: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``TargetAwareBlock.forward`` for the candidates of ONE user: the jagged layout is a single dense
-        block, so attention is one SDPA call over (1, heads, N, head_dim) queries and the user's K/V (packed
-        (T, 2, heads, head_dim), ``CrossAttention.project_kv``). ``projected``: ``block.project_query(q)`` when
-        the caller has it already."""
-        attn, (k, v) = block.attn, kv.unbind(1)
-        n, d = q.shape
-        if k.shape[0] == 0:  # no context: attention reads zeros (the jagged ops' empty-sequence rule)
-            y = q.new_zeros(n, d)
+        block, so attention is all N queries over the user's one context (``models.attention.shared_context``).
+        ``projected``: ``block.project_query(q)`` when the caller has it already."""
+        attn = block.attn
+        if ctx.length == 0:  # no context: attention reads zeros (the jagged ops' empty-sequence rule)
+            y = q.new_zeros(q.shape)
         else:
-            heads = attn.heads
             if projected is None:
                 projected = onednn.linear(block.norm_q(q), attn.q.weight, attn.q.bias)
-            qh = projected.view(n, heads, d // heads)
-            y = F.scaled_dot_product_attention(
-                qh.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-            )[0].transpose(0, 1)
-            y = y.reshape(n, d)
+            y = attend(projected, ctx)
         q = onednn.linear(y, attn.out.weight, attn.out.bias, residual=q)
         if block.training or not isinstance(block.ffn, FeedForward):  # dropout on, or e.g. mixture of experts
             return q + block.ffn(block.norm2(q))
