@@ -33,20 +33,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import onednn
-from models.attention.shared_context import SharedContext, attend
+from models import one_user, onednn
 from models.config import RankerConfig
 from models.data import CANDIDATE_ID_FIELDS, EVENT_ID_FIELDS, Batch, Candidates, Events, Profile
 from models.layers import (
     DinPooling,
     FeatureInteraction,
-    FeedForward,
     TargetAwareBlock,
     jagged_concat,
     mlp_head,
     segment_ids,
     segment_mean,
 )
+from models.one_user import OneUserScorer
 from models.tokenizer import GAP_TABLE, DenseTokens, EventTokenizer, SparseArch, event_features, event_ids
 from models.transforms import lengths
 
@@ -172,25 +171,37 @@ class Ranker(nn.Module):
         one_user = b == 1 and not torch.is_grad_enabled()
         if queries is None:
             queries = self.candidate_queries(cands, project=one_user)
+        if one_user and (scorer := self.one_user_scorer()) is not None:
+            return scorer(queries.token, queries.first_query, side.kv, side.profile.reshape(-1))
         q0 = q = queries.token  # the candidate's one token
-        cand_user = None if one_user else segment_ids(cands.offsets)
         if self.cfg.pooling == "target":
-            for i, (block, kv) in enumerate(zip(self.blocks, side.kv, strict=True)):
-                if one_user:
-                    ctx = SharedContext.from_kv(kv)
-                    q = self._one_user_block(block, q, ctx, queries.first_query if i == 0 else None)
-                else:
-                    q = block(q, cands.offsets, kv, side.offsets)
+            for block, kv in zip(self.blocks, side.kv, strict=True):
+                q = block(q, cands.offsets, kv, side.offsets)
         elif self.cfg.pooling == "mean":
             q = q + segment_mean(side.context, side.offsets)[segment_ids(cands.offsets)]
         else:
             q = q + self.din(q, cands.offsets, side.context, side.offsets)
         # q * q0 exposes how well what the candidate read from the context matches the candidate itself
-        if one_user and not self.training and not self.interaction.blocks:
-            return self._head_one_user(torch.cat([q, q * q0, q0], 1), side.profile.reshape(-1))
-        profile = side.profile.expand(q.shape[0], -1, -1) if one_user else side.profile[cand_user]
-        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), profile], 1)
+        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), side.profile[segment_ids(cands.offsets)]], 1)
         return self.head(self.interaction(tokens))
+
+    def one_user_scorer(self) -> OneUserScorer | None:
+        """The one-user inference path over this ranker's own layers (``models.one_user``), or None where it does
+        not apply (training mode, another pooling, mixture-of-experts blocks, interaction layers). Kept outside
+        the module tree: its layers are this ranker's, so it adds nothing to ``state_dict``."""
+        if self.training:
+            return None
+        if "_one_user" not in self.__dict__:
+            self.__dict__["_one_user"] = OneUserScorer(self) if OneUserScorer.supports(self) else None
+        return self.__dict__["_one_user"]
+
+    def script_one_user(self) -> bool:
+        """Run the one-user inference path compiled by TorchScript from now on (serving: one GIL release per
+        scoring call, ``models.one_user``); False where it does not apply."""
+        scripted = one_user.script(self)
+        if scripted is not None:
+            self.__dict__["_one_user"] = scripted
+        return scripted is not None
 
     # ------------------------------------------------------------------------------- serving fast path
     def _gather_directly(self) -> bool:
@@ -202,57 +213,6 @@ class Ranker(nn.Module):
         size = self.sparse.sizes[table]
         ids = ids.long()
         return F.embedding(torch.where((ids >= 0) & (ids < size), ids, size), self.sparse.table(table))
-
-    def _head_one_user(self, cand: torch.Tensor, profile: torch.Tensor) -> torch.Tensor:
-        """``self.head`` on rows [cand_i ++ profile] (the profile is the same for every candidate of the user)
-        without building the profile part N times: LayerNorm then Linear, expanded over the two parts.
-
-            LN(x) W^T + c = rstd * ((x * g) W^T - mean * (g W^T)) + (b W^T + c),   x = [cand_i ++ profile]
-
-        The row mean / variance combine each part's own (Chan's formula, no cancellation); the profile's
-        share of the matmul, ``(profile * g_p) W_p^T``, is one vector per request.
-        """
-        norm, first, act, _, last = self.head
-        k = cand.shape[1]
-        g, b, w = norm.weight, norm.bias, first.weight
-        # (torch.var_mean over rows is ~20x slower than these three passes on CPU)
-        mean_c = cand.mean(-1)
-        var_c = (cand - mean_c[:, None]).square().mean(-1)
-        mean_p = profile.mean()
-        var_p = (profile - mean_p).square().mean()
-        n_c, n_p = k, profile.numel()
-        mean = (n_c * mean_c + n_p * mean_p) / (n_c + n_p)
-        var = (n_c * (var_c + (mean_c - mean) ** 2) + n_p * (var_p + (mean_p - mean) ** 2)) / (n_c + n_p)
-        rstd = torch.rsqrt(var + norm.eps)
-        from_profile = (profile * g[k:]) @ w[:, k:].T  # (hidden,)
-        z = onednn.linear(cand, w[:, :k] * g[:k], from_profile)  # (N, hidden)
-        z = torch.addcmul(z, mean[:, None], (w @ g)[None], value=-1.0)
-        z = torch.addcmul(first.bias + w @ b, z, rstd[:, None])
-        return last(act(z))
-
-    @staticmethod
-    def _one_user_block(
-        block: TargetAwareBlock,
-        q: torch.Tensor,
-        ctx: SharedContext,
-        projected: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """``TargetAwareBlock.forward`` for the candidates of ONE user: the jagged layout is a single dense
-        block, so attention is all N queries over the user's one context (``models.attention.shared_context``).
-        ``projected``: ``block.project_query(q)`` when the caller has it already."""
-        attn = block.attn
-        if ctx.length == 0:  # no context: attention reads zeros (the jagged ops' empty-sequence rule)
-            y = q.new_zeros(q.shape)
-        else:
-            if projected is None:
-                projected = onednn.linear(block.norm_q(q), attn.q.weight, attn.q.bias)
-            y = attend(projected, ctx)
-        q = onednn.linear(y, attn.out.weight, attn.out.bias, residual=q)
-        if block.training or not isinstance(block.ffn, FeedForward):  # dropout on, or e.g. mixture of experts
-            return q + block.ffn(block.norm2(q))
-        up, _, down, _ = block.ffn.net  # Linear, GELU, Linear, Dropout (identity in eval)
-        h = onednn.linear(block.norm2(q), up.weight, up.bias, "gelu")
-        return onednn.linear(h, down.weight, down.bias, residual=q)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         side = self.user_side(batch.history, batch.profile, batch.user_tokens, batch.user_token_mask)

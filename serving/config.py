@@ -64,6 +64,7 @@ class ScoringConfig:
     feature_waiting: int = 0  # reads that may wait for a busy worker; beyond that -> degraded at once
     gil_switch_ms: float = 1.0  # interpreter switch interval (serving.runtime); 0 = CPython's default, 5 ms
     cache_mb: float = 128.0  # memory for per-ad query rows, all surfaces (serving.candidate_cache); 0 = off
+    torchscript: bool = True  # score candidates through the TorchScript one-user path (models.one_user)
 
 
 @dataclass

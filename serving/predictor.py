@@ -105,6 +105,8 @@ class RankerPredictor(Model):
         )
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
+        if sc.torchscript and not self.served.ranker.script_one_user():
+            log.info("the ranker's one-user path does not apply to this model: candidates are scored eagerly")
         self.candidate_cache = CandidateCache(self.served.ranker, int(sc.cache_mb * 2**20))
         if self.store is None:
             from features.store import open_store

@@ -4,7 +4,7 @@ the same user's K/V (``Ranker.score`` with one user).
     O = softmax(Q K^T / sqrt(d)) V,   per head,   Q (N, H, d),  K, V (T, H, d),  N >> T (1,000 candidates, ~66 tokens)
 
 computed as two batched GEMMs around a softmax in base 2: the scale and log2(e) are folded into K once per request
-(``SharedContext``), so the scores are already in log2 units and ``exp2(S) / sum`` is the softmax. Subtracting
+(``context_layout``), so the scores are already in log2 units and ``exp2(S) / sum`` is the softmax. Subtracting
 each row's max (what keeps exp from overflowing) costs two more passes over the N x T scores; it is done only when
 a row's sum shows that it is needed (a score beyond ~2^100 or all of a row's below ~2^-60, far outside what a
 trained model produces), so the result is the same softmax either way.
@@ -19,50 +19,37 @@ are float32 rounding (~1e-6 relative; the tests compare with ``reference_attend`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-LOG2_E = math.log2(math.e)
-# Row sums of exp2(scores) inside which no term overflowed (each < 2^127) and the sum kept float32's full
-# precision (no normal term lost below 2^-126): only then is the softmax computed without the max shift.
-SUM_MIN, SUM_MAX = 2.0**-60, 2.0**100
+# exp2 of row sums inside (2^-60, 2^100): no term overflowed (each < 2^127) and the sum kept float32's precision
+# (no normal term lost below 2^-126); only then is the softmax computed without the max shift. (Literals in the
+# code: TorchScript reads no module-level numbers.)
 
 
-@dataclass(frozen=True)
-class SharedContext:
-    """One context's keys and values laid out for ``attend``: ``keys`` (H, d, T) pre-scaled by log2(e)/sqrt(d),
-    ``values`` (H, T, d)."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-    @classmethod
-    def from_kv(cls, kv: torch.Tensor) -> SharedContext:
-        """From K/V packed as (T, 2, H, d) (``CrossAttention.project_kv``)."""
-        k, v = kv.unbind(1)
-        scale = LOG2_E / math.sqrt(k.shape[-1])
-        return cls((k.permute(1, 2, 0) * scale).contiguous(), v.transpose(0, 1).contiguous())
-
-    @property
-    def length(self) -> int:
-        return self.keys.shape[-1]
+def context_layout(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V packed as (T, 2, H, d) (``CrossAttention.project_kv``) -> keys (H, d, T) pre-scaled by
+    log2(e) / sqrt(d), values (H, T, d): the operands of ``attend``, laid out once per context."""
+    k, v = kv.unbind(1)
+    scale = 1.4426950408889634 / math.sqrt(k.shape[-1])  # log2(e) / sqrt(d)
+    return (k.permute(1, 2, 0) * scale).contiguous(), v.transpose(0, 1).contiguous()
 
 
-def attend(q: torch.Tensor, ctx: SharedContext) -> torch.Tensor:
-    """(N, H * d) queries -> (N, H * d) attention outputs over ``ctx`` (an empty context reads zeros)."""
-    n, width = q.shape
-    heads = ctx.keys.shape[0]
-    if ctx.length == 0:  # the jagged ops' empty-sequence rule
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(N, H * d) queries -> (N, H * d) attention outputs over one context (``context_layout``'s keys and values;
+    an empty context reads zeros)."""
+    n, width = q.shape[0], q.shape[1]
+    heads = keys.shape[0]
+    if keys.shape[-1] == 0:  # the jagged ops' empty-sequence rule
         return q.new_zeros(n, width)
-    scores = torch.bmm(q.reshape(n, heads, width // heads).transpose(0, 1), ctx.keys)  # (H, N, T), log2 units
+    scores = torch.bmm(q.reshape(n, heads, width // heads).transpose(0, 1), keys)  # (H, N, T), log2 units
     probs = scores.exp2()  # unnormalized; no max shift while no row overflows or underflows (checked)
     sums = probs.sum(-1, keepdim=True)
-    if not bool(((sums > SUM_MIN) & (sums < SUM_MAX)).all()):
+    if not bool(((sums > 2.0**-60) & (sums < 2.0**100)).all()):
         probs = scores.sub_(scores.amax(-1, keepdim=True)).exp2_()  # the max-shifted softmax, in place
         sums = probs.sum(-1, keepdim=True)
-    out = torch.bmm(probs, ctx.values).div_(sums)  # (H, N, d)
+    out = torch.bmm(probs, values).div_(sums)  # (H, N, d)
     return out.transpose(0, 1).reshape(n, width)
 
 

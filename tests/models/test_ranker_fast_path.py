@@ -65,8 +65,15 @@ def _scores(model: Ranker, inputs, fast: bool, mask=None) -> torch.Tensor:
     ids=["default", "online_only", "interaction", "mean", "din", "one_layer_ffn4"],
 )
 @pytest.mark.parametrize(("events", "cands"), [([12], [30]), ([12], [300]), ([0], [7]), ([5, 9], [4, 11])])
-def test_fast_path_equals_training_path(cfg, events, cands):
+@pytest.mark.parametrize("torchscript", [False, True], ids=["eager", "torchscript"])
+def test_fast_path_equals_training_path(cfg, events, cands, torchscript):
     model = _model(**cfg)
+    if (
+        torchscript
+    ):  # the serving path (models.one_user) applies to target-aware pooling without interaction layers
+        applies = cfg.get("pooling", "target") == "target" and not cfg.get("interaction_layers")
+        assert model.script_one_user() == applies
+        assert isinstance(model.one_user_scorer(), torch.jit.ScriptModule) == applies
     inputs = _inputs(events, cands)
     fast, slow = _scores(model, inputs, fast=True), _scores(model, inputs, fast=False)
     assert fast.shape == (sum(cands), 2)
@@ -74,9 +81,11 @@ def test_fast_path_equals_training_path(cfg, events, cands):
     assert fast[:, 0].std() > 1e-3  # the candidates really are scored differently
 
 
-def test_fast_path_with_an_empty_context():
+@pytest.mark.parametrize("torchscript", [False, True], ids=["eager", "torchscript"])
+def test_fast_path_with_an_empty_context(torchscript):
     """No recent events and no cached tokens: attention reads nothing, as in the jagged ops."""
     model = _model()
+    assert not torchscript or model.script_one_user()
     inputs = _inputs([0], [9])
     no_tokens = torch.zeros(1, dtype=torch.bool)
     fast = _scores(model, inputs, fast=True, mask=no_tokens)
@@ -113,3 +122,17 @@ def test_one_request_in_batches_equals_one_call():
             for lo, hi in ((0, 10), (10, 25))
         ]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-6)
+
+
+def test_the_one_user_path_adds_nothing_to_the_state_dict():
+    """``models.one_user`` runs the ranker's own layers: no parameters of its own, none saved twice."""
+    model = _model()
+    keys = list(model.state_dict())
+    assert model.one_user_scorer() is not None
+    assert model.script_one_user()
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():  # it follows the ranker's weights
+        before = _scores(model, _inputs([6], [80]), fast=True)
+        model.head[4].bias.add_(1.0)
+        after = _scores(model, _inputs([6], [80]), fast=True)
+    torch.testing.assert_close(after[:, 0], before[:, 0] + 1.0, rtol=0, atol=1e-5)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models.attention.shared_context import SharedContext, attend, reference_attend
+from models.attention.shared_context import attend, context_layout, reference_attend
 
 
 def _inputs(n: int, t: int, heads: int, head_dim: int, scale: float = 1.0, seed: int = 0):
@@ -33,7 +33,7 @@ def _float64(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
 )
 def test_matches_sdpa_and_float64(n, t, heads, head_dim):
     q, kv = _inputs(n, t, heads, head_dim)
-    got = attend(q, SharedContext.from_kv(kv))
+    got = attend(q, *context_layout(kv))
     torch.testing.assert_close(got, reference_attend(q, kv), rtol=0, atol=2e-6)
     torch.testing.assert_close(got.double(), _float64(q, kv), rtol=0, atol=2e-6)
 
@@ -42,7 +42,7 @@ def test_large_scores_stay_finite():
     """Scores of hundreds (exp would overflow float32 without the max shift) still give the softmax, as close
     to float64 as SDPA is (float32 scores of ~1,000 carry ~1e-4 rounding, in both)."""
     q, kv = _inputs(200, 40, 4, 16, scale=300.0)
-    got = attend(q, SharedContext.from_kv(kv))
+    got = attend(q, *context_layout(kv))
     assert torch.isfinite(got).all()
     exact = _float64(q, kv)
     sdpa_error = (reference_attend(q, kv).double() - exact).abs().max()
@@ -51,9 +51,7 @@ def test_large_scores_stay_finite():
 
 def test_empty_context_reads_zeros():
     q, kv = _inputs(5, 0, 2, 8)
-    ctx = SharedContext.from_kv(kv)
-    assert ctx.length == 0
-    assert torch.equal(attend(q, ctx), torch.zeros(5, 16))
+    assert torch.equal(attend(q, *context_layout(kv)), torch.zeros(5, 16))
     assert torch.equal(reference_attend(q, kv), torch.zeros(5, 16))
 
 
@@ -62,7 +60,7 @@ def test_non_contiguous_queries():
     wide = torch.cat([q, q], 1)[:, :16]  # a strided view
     assert not wide.is_contiguous()
     torch.testing.assert_close(
-        attend(wide, SharedContext.from_kv(kv)), reference_attend(q, kv), rtol=0, atol=2e-6
+        attend(wide, *context_layout(kv)), reference_attend(q, kv), rtol=0, atol=2e-6
     )
 
 
@@ -73,7 +71,14 @@ def test_rows_beyond_exp2_range_take_the_shifted_path(sign):
     q, kv = _inputs(20, 12, 2, 8)
     kv[:, 0, :, 0] += 3.0  # every key leans on channel 0 of each head ...
     q[3, [0, 8]] = sign * 150.0  # ... so row 3's scores are ~ +-150 * 3 / sqrt(8) (x log2 e) for every key
-    got = attend(q, SharedContext.from_kv(kv))
+    got = attend(q, *context_layout(kv))
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), _float64(q, kv), rtol=0, atol=1e-4)
     torch.testing.assert_close(got, reference_attend(q, kv), rtol=0, atol=1e-4)
+
+
+def test_scripted_matches_eager():
+    scripted = torch.jit.script(attend)
+    for shift in (0.0, 300.0):
+        q, kv = _inputs(100, 20, 4, 8, scale=1.0 + shift)
+        torch.testing.assert_close(scripted(q, *context_layout(kv)), attend(q, *context_layout(kv)), rtol=0, atol=0)
