@@ -59,9 +59,7 @@ def test_non_contiguous_queries():
     q, kv = _inputs(50, 10, 2, 8)
     wide = torch.cat([q, q], 1)[:, :16]  # a strided view
     assert not wide.is_contiguous()
-    torch.testing.assert_close(
-        attend(wide, *context_layout(kv)), reference_attend(q, kv), rtol=0, atol=2e-6
-    )
+    torch.testing.assert_close(attend(wide, *context_layout(kv)), reference_attend(q, kv), rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
@@ -81,4 +79,6 @@ def test_scripted_matches_eager():
     scripted = torch.jit.script(attend)
     for shift in (0.0, 300.0):
         q, kv = _inputs(100, 20, 4, 8, scale=1.0 + shift)
-        torch.testing.assert_close(scripted(q, *context_layout(kv)), attend(q, *context_layout(kv)), rtol=0, atol=0)
+        torch.testing.assert_close(
+            scripted(q, *context_layout(kv)), attend(q, *context_layout(kv)), rtol=0, atol=0
+        )
