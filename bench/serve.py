@@ -7,10 +7,11 @@
        ``serving.scorer.score_shared``) against recomputing the user side for every candidate, both as a naive
        server would (one ``user_side`` + ``score`` call per candidate) and batched (the training-style forward
        over N (user, candidate) rows, ``score_recompute``);
-       ``--compile`` adds the shared-K/V scorer with ``Ranker.score`` compiled against eager (CPU ms per request;
-       measured on a random-weight ranker of the bench world's shape, 2-core AMD EPYC under load: 0.68x at 100
-       candidates, 1.10x at 1,000, 1.13x at 5,000, and every new candidate-count range recompiles for ~50-100 s:
-       not adopted in the server);
+       the shared path is the TorchScript one-user path the server runs (``models.one_user``);
+       ``--compile`` adds the shared-K/V scorer three ways: eager, ``Ranker.score`` compiled by inductor, and
+       TorchScript (CPU ms per request; inductor measured earlier on a random-weight ranker of the bench world's
+       shape, 2-core AMD EPYC under load: 0.68x at 100 candidates, 1.10x at 1,000, 1.13x at 5,000, and every new
+       candidate-count range recompiles for ~50-100 s: not adopted in the server);
     3. a soak (``--soak SECONDS --rate R``): an open loop at R requests/s, then status counts (the client's and
        the server's, which must add up to what was sent; shed requests are 503s), latency of the admitted
        requests, degraded answers, server CPU per request, and the server's RSS at start / end / peak.
@@ -211,6 +212,7 @@ def shared_vs_recompute(
     runtime.configure(1)  # as the server: 1 intra-op thread, heap-kept allocations
     served = load_served_model(model_uri)
     cfg, ranker = served.cfg, served.ranker
+    scripted = ranker.script_one_user()  # as the server scores (scoring.torchscript)
     vocab = {
         f: ranker.sparse.table(f).shape[0] - 1 for f in ("ad_id", "action", "category_id", "advertiser_id")
     }
@@ -241,7 +243,8 @@ def shared_vs_recompute(
 
     print("\n== shared K/V vs recomputing the user side per candidate (in process, same model and inputs)")
     print(f"   model {served.version}: d_model {cfg.d_model}, {cfg.num_layers} blocks, {e} recent events "
-          f"+ {0 if tokens is None else cfg.num_user_tokens} user tokens; 1 torch thread; CPU ms (best of {reps})")  # fmt: skip
+          f"+ {0 if tokens is None else cfg.num_user_tokens} user tokens; 1 torch thread; CPU ms (best of {reps}); "
+          f"shared: {'TorchScript' if scripted else 'eager'} one-user path")  # fmt: skip
     print(
         f"   naive loop: timed on the first {loop_sample} candidates, x N / {loop_sample} (each call is alike)"
     )
@@ -267,24 +270,28 @@ def shared_vs_recompute(
 
 
 def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:
-    """The shared-K/V scorer with ``Ranker.score`` compiled (inductor, dynamic candidate count) vs eager, CPU ms
-    per request side by side; the user side stays eager (once per request, a few small ops)."""
+    """The shared-K/V scorer three ways, CPU ms per request side by side: the eager one-user path, ``Ranker.score``
+    compiled by inductor (dynamic candidate count), and the TorchScript one-user path the server runs
+    (``models.one_user``); the user side stays eager (once per request, a few small ops)."""
     import torch
 
     from models.compile import use_cache_dir
     from models.data import Candidates
+    from models.one_user import OneUserScorer
     from serving.scorer import score_shared
 
     use_cache_dir()
-    eager_score = ranker.score
+    eager_score, scripted = ranker.score, ranker.one_user_scorer()
     fast = torch.compile(eager_score, dynamic=True)
-    print("\n== shared K/V scorer: eager vs Ranker.score compiled (CPU ms per request, best of reps)")
+    print(
+        "\n== shared K/V scorer: eager vs compiled by inductor vs TorchScript (CPU ms per request, best of reps)"
+    )
     for n in sizes:
         g = torch.Generator().manual_seed(n)
         cands = Candidates(ints(vocab["ad_id"], n), ints(vocab["advertiser_id"], n), ints(vocab["category_id"], n),
                            torch.zeros(n, dtype=torch.int64), torch.randn(n, len(served.dense.columns), generator=g),
                            torch.tensor([0, n]))  # fmt: skip
-        ranker.score = eager_score
+        ranker.__dict__["_one_user"] = OneUserScorer(ranker)  # the same path, eager
         ref = score_shared(ranker, user, cands, 2048)
         t_eager = min(_cpu_ms(lambda c=cands: score_shared(ranker, user, c, 2048)) for _ in range(reps))
         ranker.score = fast
@@ -292,9 +299,17 @@ def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:
         out = score_shared(ranker, user, cands, 2048)  # the first call compiles (or hits the cache)
         first = time.perf_counter() - t0
         t_comp = min(_cpu_ms(lambda c=cands: score_shared(ranker, user, c, 2048)) for _ in range(reps))
-        print(f"  {n:>5} candidates: eager {t_eager:8.2f} ms | compiled {t_comp:8.2f} ms ({t_eager / t_comp:5.2f}x)"
-              f" | first call {first:5.1f} s | max |diff| {np.abs(out - ref).max():.1e}")  # fmt: skip
-    ranker.score = eager_score
+        ranker.score = eager_score
+        line = (f"  {n:>5} candidates: eager {t_eager:8.2f} ms | compiled {t_comp:8.2f} ms ({t_eager / t_comp:5.2f}x,"
+                f" first call {first:5.1f} s, max |diff| {np.abs(out - ref).max():.1e})")  # fmt: skip
+        if isinstance(scripted, torch.jit.ScriptModule):
+            ranker.__dict__["_one_user"] = scripted
+            out = score_shared(ranker, user, cands, 2048)
+            t_script = min(_cpu_ms(lambda c=cands: score_shared(ranker, user, c, 2048)) for _ in range(reps))
+            line += (f" | TorchScript {t_script:8.2f} ms ({t_eager / t_script:5.2f}x,"
+                     f" max |diff| {np.abs(out - ref).max():.1e})")  # fmt: skip
+        print(line)
+    ranker.__dict__["_one_user"] = scripted
 
 
 def _cpu_ms(fn) -> float:
@@ -437,7 +452,7 @@ def main() -> None:
     ap.add_argument(
         "--compile",
         action="store_true",
-        help="compare: also time the shared-K/V scorer with Ranker.score compiled (torch.compile)",
+        help="compare: also time the shared-K/V scorer eager vs compiled by inductor vs TorchScript",
     )
     ap.add_argument(
         "--server-set",

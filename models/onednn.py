@@ -51,9 +51,10 @@ AVAILABLE = _available()
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # TorchScript skips an `if not is_scripting()` block (it cannot read the global); scripted callers
-    # (``models.one_user.script``) are built only where AVAILABLE
+    # (``models.one_user.script``) are built only where AVAILABLE. Inductor cannot lower the oneDNN op: code that
+    # torch.compile traces takes the reference (inductor generates its own GEMM calls).
     if not torch.jit.is_scripting():  # noqa: SIM102
-        if not AVAILABLE:
+        if not AVAILABLE or torch.compiler.is_compiling():
             return False
     return (
         not torch.is_grad_enabled()
