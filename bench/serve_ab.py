@@ -1,0 +1,94 @@
+"""Side-by-side A/B of two (or more) running ranker servers: alternating bursts of closed-loop requests.
+
+On a machine whose speed drifts (a shared VM: the same code measured 2x apart an hour later), only figures taken
+in alternation compare. Each round sends one burst to every server in turn (``--clients`` keep-alive clients,
+``--per-client`` 1,000-candidate requests each, the bench world's healthy users) and records the server's CPU
+seconds per request (its process, from /proc) and the burst's requests per second; medians over ``--rounds``.
+
+    # two servers on one bench world (bench/serve.py --build-world /tmp/gemflow-bench built it), e.g. main vs a branch
+    .venv/bin/python -m gemflow.cli serve --workspace /tmp/gemflow-bench/ws --model-uri /tmp/gemflow-bench/ranker \\
+        --http-port 18091 --set limits.max_candidates=5000 &
+    (cd ../other-checkout && ... --http-port 18092 ...) &
+    .venv/bin/python bench/serve_ab.py --ports 18091,18092 --clients 2 --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import PREDICT, Client, request_body  # noqa: E402
+
+from tests.serving.world import HEALTHY_USERS, REQUEST_TS  # noqa: E402
+
+
+def server_process(port: int) -> psutil.Process:
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN" and conn.pid:
+            return psutil.Process(conn.pid)
+    raise SystemExit(f"error: no process listens on 127.0.0.1:{port}")
+
+
+def burst(
+    port: int, proc: psutil.Process, bodies: list[bytes], clients: int, per_client: int
+) -> tuple[float, float]:
+    """(server CPU ms per request, requests per second) of one closed-loop burst."""
+    conns = [Client(f"http://127.0.0.1:{port}") for _ in range(clients)]
+
+    def run(conn: Client, k: int) -> None:
+        for i in range(per_client):
+            status = conn.post(PREDICT, bodies[(i * clients + k) % len(bodies)])[0]
+            if status != 200:
+                raise SystemExit(f"error: server on port {port} answered {status}")
+
+    threads = [threading.Thread(target=run, args=(conn, k)) for k, conn in enumerate(conns)]
+    cpu0, wall0 = sum(proc.cpu_times()[:2]), time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    n = clients * per_client
+    return 1e3 * (sum(proc.cpu_times()[:2]) - cpu0) / n, n / (time.perf_counter() - wall0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ports", required=True, help="comma-separated ports of running servers (127.0.0.1)")
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--per-client", type=int, default=60, help="requests per client per burst")
+    ap.add_argument("--candidates", type=int, default=1000)
+    ap.add_argument("--num-ads", type=int, default=6000)
+    args = ap.parse_args()
+    ports = [int(p) for p in args.ports.split(",")]
+    procs = {p: server_process(p) for p in ports}
+    rng = np.random.default_rng(0)
+    bodies = [request_body(rng, list(HEALTHY_USERS), args.num_ads, args.candidates, float(REQUEST_TS))
+              for _ in range(50)]  # fmt: skip
+    for p in ports:  # warm-up burst, not counted
+        burst(p, procs[p], bodies, args.clients, 10)
+    results: dict[int, list[tuple[float, float]]] = {p: [] for p in ports}
+    for _ in range(args.rounds):
+        for p in ports:
+            results[p].append(burst(p, procs[p], bodies, args.clients, args.per_client))
+    print(
+        f"{args.clients} closed-loop clients, {args.candidates} candidates, {args.rounds} alternating rounds"
+    )
+    for p in ports:
+        cpu = [r[0] for r in results[p]]
+        rps = [r[1] for r in results[p]]
+        print(f"  port {p}: server CPU {statistics.median(cpu):.2f} ms/request (median; rounds "
+              f"{' '.join(f'{x:.2f}' for x in cpu)}), {statistics.median(rps):.0f} req/s median")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
