@@ -17,9 +17,10 @@ scoring thousands of candidates reuses it (``score``).
 
 Serving fast path (same parameters, same outputs): with gradients off, ids are gathered straight from the
 EmbeddingCollection's tables (``F.embedding`` on the same weights and the same OOV rule, no KeyedJaggedTensor per
-call), and one user's candidates attend to its context as one dense SDPA block (one user = one bucket: no
-jagged planning, no row moves), and the per-candidate GEMMs run on oneDNN with their bias, GELU and residual add
-fused (``models.onednn``). Training (gradients on) keeps the torchrec path its fused sparse optimizer needs.
+call), and one user's candidates go through ``models.one_user`` (scripted by TorchScript in the server): they attend
+to the user's context as one dense block (no jagged planning, no row moves), the per-candidate GEMMs run on oneDNN
+with their bias, GELU and residual add fused (``models.onednn``), and the head is expanded over the shared profile.
+Training (gradients on) keeps the torchrec path its fused sparse optimizer needs.
 
 Ablations (config flags): ``pooling="mean"`` (mean of the context, no attention), ``pooling="din"`` (DIN-style
 MLP-scored target attention), and ``use_user_tokens=False`` (online-only: no cached user tokens).

@@ -1,4 +1,5 @@
-"""The ranker's inference fast path (direct embedding gathers, one user's candidates as one SDPA block, the head
+"""The ranker's inference fast path (direct embedding gathers, one user's candidates through ``models.one_user``, eager
+and scripted by TorchScript: one dense attention block, the head
 expanded over the shared profile) against the training path on the same weights and inputs (torchrec
 KeyedJaggedTensor lookups, jagged attention, the plain head): the same scores, for every config it serves."""
 
