@@ -1,7 +1,7 @@
-"""The ranker's inference fast path (direct embedding gathers, one user's candidates through ``models.one_user``, eager
-and scripted by TorchScript: one dense attention block, the head
-expanded over the shared profile) against the training path on the same weights and inputs (torchrec
-KeyedJaggedTensor lookups, jagged attention, the plain head): the same scores, for every config it serves."""
+"""The ranker's inference fast path (direct embedding gathers; one user's candidates through ``models.one_user``,
+eager and scripted by TorchScript: one dense attention block, the head expanded over the shared profile) against
+the training path on the same weights and inputs (torchrec KeyedJaggedTensor lookups, jagged attention, the plain
+head): the same scores, for every config it serves."""
 
 from __future__ import annotations
 
