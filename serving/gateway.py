@@ -25,7 +25,8 @@ import orjson
 from serving import v2
 from serving.auth import Tokens, bearer_ok
 from serving.config import ConnectionConfig, ServingConfig
-from serving.predictor import Cancelled, RankerPredictor
+from serving.predictor import RankerPredictor
+from serving.request_scorer import Cancelled
 from serving.schema import RequestError, parse_request
 
 log = logging.getLogger(__name__)

@@ -22,11 +22,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import itertools
 import logging
-import os
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from kserve import Model
@@ -36,48 +33,19 @@ from gemflow.workspace import Workspace
 from serving import inputs as build
 from serving import runtime
 from serving.ad_table import AdTable, ProcessLoader, feast_ad_loader, offline_ad_ids, store_ad_loader
-from serving.candidate_cache import CandidateCache
 from serving.config import ServingConfig
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
+from serving.request_scorer import Job, RequestScorer
 from serving.schema import ParsedRequest
-from serving.scorer import UserInputs, score_shared, user_tokens
+from serving.scorer import UserInputs, score_shared
 from serving.stats import ServingStats
-from serving.user_features import UserFeatureReader, UserFeatures, store_guard
+from serving.user_features import UserFeatureReader, store_guard
 
 log = logging.getLogger(__name__)
 USER_SERVICE = "ranker_serving"
 PROBE_SECONDS = 1.0  # how long a feature-store health probe result is reused
 WARM_UP_READS = 64  # store reads before serving (they seed the adaptive read budget)
-# Request ids: a random per-process prefix + a counter (unique without a urandom syscall per request).
-_ID_PREFIX, _ID_COUNTER = os.urandom(4).hex(), itertools.count()
-
-
-def _request_id() -> str:
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
-
-
-class Cancelled(Exception):
-    """The request's deadline passed (or its client was answered 503) before the work finished."""
-
-
-@dataclass
-class Job:
-    """One request on its way to a scoring worker."""
-
-    req: ParsedRequest
-    feats: UserFeatures | None
-    store_problem: str | None
-    started: float  # perf_counter at arrival
-    fetch_ms: float
-    deadline: float  # time.monotonic() past which the work is abandoned
-    cancelled: bool = False  # set by the event loop when the waiting client gave up
-    request_id: str = field(default_factory=_request_id)
-
-    def check(self) -> None:
-        """A cancellation point: raises Cancelled once the work is no longer wanted."""
-        if self.cancelled or time.monotonic() > self.deadline:
-            raise Cancelled
 
 
 class RankerPredictor(Model):
@@ -93,7 +61,7 @@ class RankerPredictor(Model):
         self._arrays: build.AdArrays | None = None
         self._probe: tuple[float, bool, str | None] = (0.0, False, None)  # (when, ok, problem kind)
         self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
-        self.candidate_cache: CandidateCache | None = None
+        self.scorer: RequestScorer | None = None
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
@@ -107,7 +75,8 @@ class RankerPredictor(Model):
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
         if sc.torchscript and not self.served.ranker.script_one_user():
             log.info("the ranker's one-user path does not apply to this model: candidates are scored eagerly")
-        self.candidate_cache = CandidateCache(self.served.ranker, int(sc.cache_mb * 2**20))
+        self.scorer = RequestScorer(self.served, self.name, sc.batch_size, int(sc.cache_mb * 2**20),
+                                    self.expected_user_model_version)  # fmt: skip
         if self.store is None:
             from features.store import open_store
 
@@ -171,7 +140,7 @@ class RankerPredictor(Model):
         for (
             surface
         ) in SURFACE_ID.values():  # the first request per surface finds its rows ready (if they fit)
-            self.candidate_cache.table(self.ad_arrays(), surface)
+            self.scorer.cache.table(self.ad_arrays(), surface)
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
@@ -250,63 +219,4 @@ class RankerPredictor(Model):
 
     def rank(self, job: Job) -> dict:
         """The scoring of one request (runs on a scoring worker thread)."""
-        job.check()  # it may have waited in the pool's queue past its deadline
-        t_build = time.perf_counter()
-        served, req, feats = self.served, job.req, job.feats
-        ads = self.ad_arrays()
-        reasons: list[str] = []
-        if job.store_problem:
-            reasons.append(job.store_problem.split(":", 1)[0])  # the kind only: see _note_store
-        elif feats is None or not feats.known:
-            reasons.append("unknown_user")
-        request_ts = req.request_ts if req.request_ts is not None else time.time()
-        cfg = served.cfg
-        recent, filled = build.recent_events(feats, ads, request_ts, cfg.recent_events, cfg.time_buckets)
-        tokens, why_not = user_tokens(feats.embedding if feats else None, served.ranker)
-        embedding_version = feats.embedding_version if feats else None
-        mismatch = False
-        expected = self.expected_user_model_version
-        if tokens is not None and expected and embedding_version != expected:
-            mismatch, tokens = True, None  # tokens from another model live in another space: do not use them
-            reasons.append("embedding_version_mismatch")
-        elif tokens is None and served.ranker.user_proj is not None and feats is not None and feats.known:
-            reasons.append(why_not)
-        cold_start = served.ranker.user_proj is not None and tokens is None
-        user = UserInputs(recent, build.profile(req.user_id, feats), tokens)
-        cands, unknown = build.candidates(req.candidates, req.surface, ads)
-        t0 = time.perf_counter()
-        build_ms = 1e3 * (t0 - t_build)
-        queries = self.candidate_cache.queries(ads, req.surface, req.candidates)
-        probs = score_shared(served.ranker, user, cands, self.cfg.scoring.batch_size, job.check, queries)
-        order = np.argsort(-probs[:, 0], kind="stable")
-        score_ms = 1e3 * (time.perf_counter() - t0)
-        degraded = bool(reasons) or not self.ads.loaded
-        snap = ads.snapshot
-        return {
-            "request_id": job.request_id,
-            "user_id": req.user_id,
-            "ad_ids": req.candidates[order],
-            "p_click": probs[order, 0],
-            "p_conversion": probs[order, 1],
-            "model_name": self.name,
-            "model_version": served.version,
-            "expected_user_model_version": expected,
-            "embedding_version": embedding_version,
-            "ad_table_as_of": snap.as_of.isoformat() if snap.as_of else None,
-            "fallback": {
-                "degraded": degraded,
-                "cold_start": cold_start,
-                "embedding_version_mismatch": mismatch,
-                "feature_store_unavailable": job.store_problem is not None,
-                "ad_table_loaded": self.ads.loaded,
-                "unknown_ads": unknown,
-                "recent_surfaces_filled": filled,
-                "reasons": reasons,
-            },
-            "timing_ms": {
-                "features": round(job.fetch_ms, 3),
-                "build": round(build_ms, 3),
-                "score": round(score_ms, 3),
-                "total": round(1e3 * (time.perf_counter() - job.started), 3),
-            },
-        }
+        return self.scorer.rank(job, self.ad_arrays(), self.ads.loaded)
