@@ -136,10 +136,19 @@ def percentiles(ms: list[float]) -> str:
 
 
 def cpu_seconds(proc: psutil.Process | None) -> float:
+    """CPU seconds of the server process and all its child processes, live (scoring worker processes, the ad-table
+    refresh process) or ended."""
     if proc is None:
         return float("nan")
     t = proc.cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in proc.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += c.user + c.system
+    return total
 
 
 # ------------------------------------------------------------------------------------------ 1. latency

@@ -3,7 +3,7 @@
 On a machine whose speed drifts (a shared VM: the same code measured 2x apart an hour later), only figures taken
 in alternation compare. Each round sends one burst to every server in turn (``--clients`` keep-alive clients,
 ``--per-client`` 1,000-candidate requests each, the bench world's healthy users) and records the server's CPU
-seconds per request (its process, from /proc) and the burst's requests per second; medians over ``--rounds``.
+seconds per request (its process and its child processes, from /proc) and the burst's requests per second; medians over ``--rounds``.
 
     # two servers on one bench world (bench/serve.py --build-world /tmp/gemflow-bench built it), e.g. main vs a branch
     .venv/bin/python -m gemflow.cli serve --workspace /tmp/gemflow-bench/ws --model-uri /tmp/gemflow-bench/ranker \\
@@ -26,7 +26,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import PREDICT, Client, request_body  # noqa: E402
+from serve import PREDICT, Client, cpu_seconds, request_body  # noqa: E402
 
 from tests.serving.world import HEALTHY_USERS, REQUEST_TS  # noqa: E402
 
@@ -51,13 +51,13 @@ def burst(
                 raise SystemExit(f"error: server on port {port} answered {status}")
 
     threads = [threading.Thread(target=run, args=(conn, k)) for k, conn in enumerate(conns)]
-    cpu0, wall0 = sum(proc.cpu_times()[:2]), time.perf_counter()
+    cpu0, wall0 = cpu_seconds(proc), time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     n = clients * per_client
-    return 1e3 * (sum(proc.cpu_times()[:2]) - cpu0) / n, n / (time.perf_counter() - wall0)
+    return 1e3 * (cpu_seconds(proc) - cpu0) / n, n / (time.perf_counter() - wall0)
 
 
 def main() -> None:

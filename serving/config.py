@@ -60,6 +60,9 @@ class ScoringConfig:
     batch_size: int = 2048  # candidates scored per forward call (they share the user's K/V)
     torch_threads: int = 1  # intra-op threads per scoring worker (small matmuls: fork/join costs more)
     workers: int = 2  # requests scored at once, each on its own thread (about one per core)
+    processes: int = (
+        0  # > 0: score in this many worker processes instead (no shared GIL; serving.scoring_processes)
+    )
     feature_workers: int = 4  # online-store read threads (a read holds one ~1 ms; a hung store, all)
     feature_waiting: int = 0  # reads that may wait for a busy worker; beyond that -> degraded at once
     gil_switch_ms: float = 1.0  # interpreter switch interval (serving.runtime); 0 = CPython's default, 5 ms
@@ -144,6 +147,8 @@ class ServingConfig:
             raise ValueError(
                 f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"
             )
+        if sc.processes < 0:
+            raise ValueError(f"scoring.processes must be >= 0 (0 = scoring threads), got {sc.processes}")
         if min(sc.batch_size, sc.feature_workers, sc.workers, sc.torch_threads) < 1:
             raise ValueError(
                 "scoring.batch_size, scoring.feature_workers, scoring.workers and scoring.torch_threads must be >= 1"

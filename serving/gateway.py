@@ -28,6 +28,7 @@ from serving.config import ConnectionConfig, ServingConfig
 from serving.predictor import RankerPredictor
 from serving.request_scorer import Cancelled
 from serving.schema import RequestError, parse_request
+from serving.scoring_processes import WorkerLost
 
 log = logging.getLogger(__name__)
 JSON = (b"content-type", b"application/json")
@@ -264,6 +265,11 @@ class Gateway:
                 lim.request_timeout_ms,
             )
             return await reply.json(503, {"error": f"the request did not finish within {lim.request_timeout_ms:.0f} ms"},
+                                    (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
+        except WorkerLost as err:  # a scoring worker process died mid-request; a replacement is starting
+            self.predictor.stats.shed_one("scoring_worker_lost")
+            log.warning("503 %s: %s", scope["path"][:200], err)
+            return await reply.json(503, {"error": "the scoring worker failed; retry"},
                                     (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
         t_encode = time.perf_counter()
         if is_v2:

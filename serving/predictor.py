@@ -25,10 +25,8 @@ import functools
 import logging
 import time
 
-import numpy as np
 from kserve import Model
 
-from features.schema import SURFACE_ID
 from gemflow.workspace import Workspace
 from serving import inputs as build
 from serving import runtime
@@ -38,7 +36,7 @@ from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
 from serving.schema import ParsedRequest
-from serving.scorer import UserInputs, score_shared
+from serving.scoring_processes import ScoringProcesses, WorkerSetup
 from serving.stats import ServingStats
 from serving.user_features import UserFeatureReader, store_guard
 
@@ -62,6 +60,7 @@ class RankerPredictor(Model):
         self._probe: tuple[float, bool, str | None] = (0.0, False, None)  # (when, ok, problem kind)
         self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
         self.scorer: RequestScorer | None = None
+        self._processes: ScoringProcesses | None = None  # scoring.processes > 0
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
@@ -77,6 +76,12 @@ class RankerPredictor(Model):
             log.info("the ranker's one-user path does not apply to this model: candidates are scored eagerly")
         self.scorer = RequestScorer(self.served, self.name, sc.batch_size, int(sc.cache_mb * 2**20),
                                     self.expected_user_model_version)  # fmt: skip
+        if sc.processes:
+            setup = WorkerSetup(self.cfg.model_uri, self.cfg.tracking_uri, str(self.ws.root), self.name, sc.batch_size,
+                                int(sc.cache_mb * 2**20), self.expected_user_model_version, sc.torchscript,
+                                min(self.cfg.limits.max_candidates, sc.batch_size))  # fmt: skip
+            self._processes = ScoringProcesses(setup, sc.processes)
+            log.info("scoring in %d worker processes", sc.processes)
         if self.store is None:
             from features.store import open_store
 
@@ -119,6 +124,8 @@ class RankerPredictor(Model):
             self.reader.close()
         if self._scoring:
             self._scoring.shutdown(wait=False, cancel_futures=True)
+        if self._processes:
+            self._processes.close()
         super().stop()
 
     @property
@@ -126,21 +133,17 @@ class RankerPredictor(Model):
         return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
 
     def _warm_up(self) -> None:
-        """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score a
-        throwaway full-size request on every scoring worker: lazy kernel and thread-pool initialisation, and each
-        worker's heap grown to a request's working set before the first real one."""
+        """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score
+        throwaway full-size requests on every scoring thread (``RequestScorer.warm_up``; worker processes warm up
+        on their own)."""
         self.reader.warm_up(0, WARM_UP_READS)
-        recent, _ = build.recent_events(None, self.ad_arrays(), time.time(), 1, 1)
-        user = UserInputs(recent, build.profile(0, None), None)
+        if self._processes is not None:
+            self._processes.prime(self.ad_arrays())
+            return
         size = min(self.cfg.limits.max_candidates, self.cfg.scoring.batch_size)
-        cands, _ = build.candidates(np.arange(size, dtype=np.int64), 0, self.ad_arrays())
-        score = functools.partial(score_shared, self.served.ranker, user, cands, self.cfg.scoring.batch_size)
-        for fut in [self._scoring.submit(score) for _ in range(2 * self.cfg.scoring.workers)]:
+        warm = functools.partial(self.scorer.warm_up, self.ad_arrays(), size)
+        for fut in [self._scoring.submit(warm) for _ in range(2 * self.cfg.scoring.workers)]:
             fut.result()
-        for (
-            surface
-        ) in SURFACE_ID.values():  # the first request per surface finds its rows ready (if they fit)
-            self.scorer.cache.table(self.ad_arrays(), surface)
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
@@ -163,7 +166,8 @@ class RankerPredictor(Model):
             self._note_store(problem)
             _, ok, why = self._probe
         ads = self.ads.status() if self.ads else {"loaded": False}
-        ready = bool(self.ready and ads.get("loaded"))
+        workers = None if self._processes is None else self._processes.alive
+        ready = bool(self.ready and ads.get("loaded") and workers != 0)
         detail = {
             "name": self.name,
             "ready": ready,
@@ -177,6 +181,8 @@ class RankerPredictor(Model):
             },
             "ad_table": ads,
         }
+        if workers is not None:
+            detail["scoring_processes_alive"] = workers
         return ready, detail
 
     def _note_store(self, problem: str | None) -> None:
@@ -198,6 +204,8 @@ class RankerPredictor(Model):
         job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline)
         job.check()
         try:
+            if self._processes is not None:
+                return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
             return await asyncio.get_running_loop().run_in_executor(self._scoring, self.rank, job)
         except asyncio.CancelledError:
             job.cancelled = True  # a queued job never starts; a running one stops at its next checkpoint

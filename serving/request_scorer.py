@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from features.schema import SURFACE_ID
 from serving import inputs as build
 from serving.candidate_cache import CandidateCache
 from serving.model_source import ServedModel
@@ -63,6 +64,20 @@ class RequestScorer:
         self.served, self.model_name, self.batch_size = served, model_name, batch_size
         self.cache = CandidateCache(served.ranker, cache_bytes)
         self.expected = expected_user_model_version
+
+    def warm_up(self, ads: build.AdArrays, size: int, times: int = 1) -> None:
+        """Every surface's cached candidate rows (if they fit), then ``times`` throwaway scores of ``size``
+        candidates: lazy kernel initialisation, TorchScript's profiling runs, and this thread's heap grown to a
+        request's working set before the first real request."""
+        for surface in SURFACE_ID.values():
+            self.cache.table(ads, surface)
+        recent, _ = build.recent_events(None, ads, time.time(), 1, 1)
+        user = UserInputs(recent, build.profile(0, None), None)
+        ids = np.arange(size, dtype=np.int64)
+        cands, _ = build.candidates(ids, 0, ads)
+        queries = self.cache.queries(ads, 0, ids)
+        for _ in range(times):
+            score_shared(self.served.ranker, user, cands, self.batch_size, None, queries)
 
     def rank(self, job: Job, ads: build.AdArrays, ads_loaded: bool) -> dict:
         """The ranked answer of ``job`` over the ad snapshot ``ads`` (``ads_loaded``: the ad table has loaded)."""
