@@ -32,7 +32,9 @@ def loop():
 
 @pytest.fixture(scope="module")
 def predictor(world):
-    cfg = config(ServingConfig, None, [*SERVER_SETTINGS, "scoring.processes=2"], model_uri=str(world.model_path))
+    cfg = config(
+        ServingConfig, None, [*SERVER_SETTINGS, "scoring.processes=2"], model_uri=str(world.model_path)
+    )
     pred = RankerPredictor(cfg, world.ws)
     assert pred.load()
     yield pred
@@ -53,7 +55,9 @@ def test_worker_processes_answer_like_scoring_threads(predictor, loop):
             req = _request(user, seed)
             via_worker = await predictor.answer(req, time.monotonic() + 10)
             feats, problem = await predictor.reader.read(user)
-            in_thread = predictor.rank(Job(req, feats, problem, time.perf_counter(), 0.0, time.monotonic() + 10))
+            in_thread = predictor.rank(
+                Job(req, feats, problem, time.perf_counter(), 0.0, time.monotonic() + 10)
+            )
             assert via_worker["ad_ids"].tolist() == in_thread["ad_ids"].tolist()
             np.testing.assert_array_equal(via_worker["p_click"], in_thread["p_click"])
             np.testing.assert_array_equal(via_worker["p_conversion"], in_thread["p_conversion"])
@@ -65,7 +69,8 @@ def test_worker_processes_answer_like_scoring_threads(predictor, loop):
                 Job(_request(0, 9), None, None, time.perf_counter(), 0.0, time.monotonic() - 1), predictor.ad_arrays(),
                 True,
             )  # fmt: skip
-        assert (await predictor.answer(_request(0, 10), time.monotonic() + 10))["ad_ids"].size == 30  # still serving
+        still_serving = await predictor.answer(_request(0, 10), time.monotonic() + 10)
+        assert still_serving["ad_ids"].size == 30
 
     loop.run(main())
 
