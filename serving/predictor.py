@@ -2,9 +2,10 @@
 
     answer   (called by ``serving.gateway`` for V1 and V2 alike, with a parsed request and a deadline)
              read the user side from Feast (worker thread, ``feature_timeout_ms``) -> online features -> tensors
-             (serving.inputs) -> user K/V once, candidates in batches, on a scoring worker thread
-             (``scoring.workers``): the event loop keeps parsing and reading the next requests while torch
-             (which releases the GIL in its kernels) scores this one
+             (serving.inputs) -> user K/V once, candidates in batches (``serving.request_scorer``), on a scoring
+             worker thread (``scoring.workers``) or, with ``scoring.processes`` > 0, a scoring worker process
+             (``serving.scoring_processes``): the event loop keeps parsing and reading the next requests while
+             torch (which releases the GIL in its kernels) scores this one
     result   ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy arrays)
 
 Deadlines: work whose deadline has passed is cancelled, not finished: a queued job never starts, a running one
@@ -14,7 +15,8 @@ once an answer is actually sent (``count``), so a request answered 503 is never 
 Degradation, not failure: an unknown user or a missing/unusable embedding takes the cold-start path (profile +
 recent events only); an embedding from another user-model version is flagged, counted and not used; a slow or
 unavailable store answers from whatever is known (no user side at all) within the budget. Readiness means "this
-replica can answer" (model and ad table loaded); the shared store's health is a metric and a per-answer flag.
+replica can answer" (model and ad table loaded, a scoring process alive if they are used); the shared store's
+health is a metric and a per-answer flag.
 """
 
 from __future__ import annotations

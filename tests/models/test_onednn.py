@@ -58,3 +58,27 @@ def test_bad_arguments_are_named():
         onednn.linear(x, weight, activation="relu")
     with pytest.raises(ValueError, match="residual"):
         onednn.linear(x, weight, activation="gelu", residual=torch.zeros(100, 3))
+
+
+@pytest.mark.parametrize("rows", [8, 1000])
+def test_scripted_linear_equals_eager(rows):
+    """``models.one_user`` calls ``linear`` from TorchScript: the same overloads, the same results."""
+    scripted = torch.jit.script(onednn.linear)
+    g = torch.Generator().manual_seed(rows)
+    x, weight, bias = torch.randn(rows, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32)
+    residual = torch.randn(rows, 32, generator=g)
+    with torch.inference_mode():
+        for act, res in (("none", None), ("gelu", None), ("none", residual)):
+            torch.testing.assert_close(
+                scripted(x, weight, bias, act, res), onednn.linear(x, weight, bias, act, res), rtol=0, atol=0
+            )
+
+
+def test_code_traced_by_torch_compile_takes_the_reference():
+    """Inductor cannot lower the oneDNN op: while dynamo traces, ``linear`` is the plain PyTorch one."""
+    x, weight, bias = torch.randn(200, 64), torch.randn(32, 64), torch.randn(32)
+    compiled = torch.compile(onednn.linear, backend="eager", fullgraph=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            compiled(x, weight, bias, "gelu"), onednn.reference_linear(x, weight, bias, "gelu")
+        )
