@@ -17,6 +17,7 @@ from serving.config import ServingConfig
 from serving.predictor import RankerPredictor
 from serving.request_scorer import Cancelled, Job
 from serving.schema import parse_request
+from serving.scoring_processes import WorkerLost
 from tests.serving.conftest import SERVER_SETTINGS
 from tests.serving.world import KNOWN_USERS, REQUEST_TS
 
@@ -90,5 +91,33 @@ def test_a_killed_worker_is_replaced_and_the_other_keeps_serving(predictor, loop
         assert victim.pid not in {w.proc.pid for w in pool._workers}
         for seed in range(4):
             assert (await predictor.answer(_request(3, seed), time.monotonic() + 10))["ad_ids"].size == 30
+
+    loop.run(main())
+
+
+def test_a_request_whose_worker_dies_fails_with_worker_lost(predictor, loop):
+    """Both workers stopped, a request sent to one of them, then both killed: the request fails with WorkerLost
+    (the gateway answers 503 with Retry-After), and both are replaced."""
+
+    async def main():
+        pool = predictor._processes
+        while pool.alive < 2:
+            await asyncio.sleep(0.5)
+        victims = [w.proc for w in pool._workers]
+        for proc in victims:
+            os.kill(proc.pid, signal.SIGSTOP)
+        answer = asyncio.ensure_future(predictor.answer(_request(0, 1), time.monotonic() + 60))
+        while not any(w.pending is not None for w in pool._workers):  # the job is in a stopped worker's pipe
+            await asyncio.sleep(0.01)
+        for proc in victims:
+            os.kill(proc.pid, signal.SIGKILL)
+        with pytest.raises(WorkerLost):
+            await answer
+        deadline = time.monotonic() + 240
+        while pool.alive < 2:
+            assert time.monotonic() < deadline, "no replacement workers within 240 s"
+            await asyncio.sleep(0.5)
+        assert not {p.pid for p in victims} & {w.proc.pid for w in pool._workers}
+        assert (await predictor.answer(_request(1, 2), time.monotonic() + 10))["ad_ids"].size == 30
 
     loop.run(main())
