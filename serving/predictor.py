@@ -74,7 +74,8 @@ class RankerPredictor(Model):
         )
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
-        if sc.torchscript and not self.served.ranker.script_one_user():
+        # (worker processes compile their own copy: this process scores only with scoring threads)
+        if sc.torchscript and not sc.processes and not self.served.ranker.script_one_user():
             log.info("the ranker's one-user path does not apply to this model: candidates are scored eagerly")
         self.scorer = RequestScorer(self.served, self.name, sc.batch_size, int(sc.cache_mb * 2**20),
                                     self.expected_user_model_version)  # fmt: skip
