@@ -2,10 +2,11 @@
 
     answer   (called by ``serving.gateway`` for V1 and V2 alike, with a parsed request and a deadline)
              read the user side from Feast (worker thread, ``feature_timeout_ms``) -> online features -> tensors
-             (serving.inputs) -> user K/V once, candidates in batches (``serving.request_scorer``), on a scoring
-             worker thread (``scoring.workers``) or, with ``scoring.processes`` > 0, a scoring worker process
-             (``serving.scoring_processes``): the event loop keeps parsing and reading the next requests while
-             torch (which releases the GIL in its kernels) scores this one
+             (serving.inputs) -> user K/V once, candidates in batches (``serving.request_scorer``), on the
+             thread that read the store (``serving.scoring_threads``: at most ``scoring.workers`` at once) or,
+             with ``scoring.processes`` > 0, a scoring worker process (``serving.scoring_processes``): the event
+             loop keeps parsing and reading the next requests while torch (which releases the GIL in its
+             kernels) scores this one
     result   ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy arrays)
 
 Deadlines: work whose deadline has passed is cancelled, not finished: a queued job never starts, a running one
@@ -21,8 +22,6 @@ health is a metric and a per-answer flag.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import logging
 import time
@@ -39,6 +38,7 @@ from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
 from serving.schema import ParsedRequest
 from serving.scoring_processes import ScoringProcesses, WorkerSetup
+from serving.scoring_threads import ScoringThreads
 from serving.stats import ServingStats
 from serving.user_features import UserFeatureReader, store_guard
 
@@ -60,7 +60,7 @@ class RankerPredictor(Model):
         self.ads: AdTable | None = None
         self._arrays: build.AdArrays | None = None
         self._probe: tuple[float, bool, str | None] = (0.0, False, None)  # (when, ok, problem kind)
-        self._scoring: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: ScoringThreads | None = None  # scoring.processes == 0
         self.scorer: RequestScorer | None = None
         self._processes: ScoringProcesses | None = None  # scoring.processes > 0
 
@@ -69,9 +69,6 @@ class RankerPredictor(Model):
         sc = self.cfg.scoring
         runtime.configure(sc.torch_threads, sc.gil_switch_ms)
         self.pauses.start_gc()
-        self._scoring = concurrent.futures.ThreadPoolExecutor(
-            sc.workers, "score", initializer=runtime.worker_init, initargs=(sc.torch_threads,)
-        )
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
         # (worker processes compile their own copy: this process scores only with scoring threads)
@@ -85,6 +82,8 @@ class RankerPredictor(Model):
                                 min(self.cfg.limits.max_candidates, sc.batch_size))  # fmt: skip
             self._processes = ScoringProcesses(setup, sc.processes)
             log.info("scoring in %d worker processes", sc.processes)
+        else:
+            self._threads = ScoringThreads(sc.workers, sc.torch_threads, self.rank)
         if self.store is None:
             from features.store import open_store
 
@@ -99,6 +98,8 @@ class RankerPredictor(Model):
             sc.feature_waiting,
             guard,
             lim.feature_timeout_max_ms / 1e3,
+            continuation_threads=0 if sc.processes else sc.workers,  # reading threads go on to score
+            thread_init=functools.partial(runtime.worker_init, sc.torch_threads),
         )
         here = feast_ad_loader(
             self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
@@ -125,8 +126,8 @@ class RankerPredictor(Model):
             self.ads.stop()
         if self.reader:
             self.reader.close()
-        if self._scoring:
-            self._scoring.shutdown(wait=False, cancel_futures=True)
+        if self._threads:
+            self._threads.close()
         if self._processes:
             self._processes.close()
         super().stop()
@@ -137,16 +138,16 @@ class RankerPredictor(Model):
 
     def _warm_up(self) -> None:
         """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score
-        throwaway full-size requests on every scoring thread (``RequestScorer.warm_up``; worker processes warm up
-        on their own)."""
+        throwaway full-size requests on every thread that scores (``RequestScorer.warm_up``: the reading threads
+        and the scoring pool; worker processes warm up on their own)."""
         self.reader.warm_up(0, WARM_UP_READS)
         if self._processes is not None:
             self._processes.prime(self.ad_arrays())
             return
         size = min(self.cfg.limits.max_candidates, self.cfg.scoring.batch_size)
-        warm = functools.partial(self.scorer.warm_up, self.ad_arrays(), size)
-        for fut in [self._scoring.submit(warm) for _ in range(2 * self.cfg.scoring.workers)]:
-            fut.result()
+        warm = functools.partial(self.scorer.warm_up, self.ad_arrays(), size, 2)
+        self.reader.on_every_thread(warm)
+        self._threads.on_every_thread(warm)
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
@@ -202,17 +203,18 @@ class RankerPredictor(Model):
         """Rank one parsed request; raises Cancelled past ``deadline`` (and stops its worker, see ``Job``)."""
         started = time.perf_counter()
         self.pauses.watch_loop()  # the lag probe needs the server's running loop: started by the first request
+        if self._threads is not None:
+            job = Job(req, None, None, started, 0.0, deadline)
+            try:
+                return await self._threads.answer(self.reader, job)
+            finally:
+                if job.fetch_ms:  # the read is over (or was given up on): every read is also a health probe
+                    self._note_store(job.store_problem)
         feats, problem = await self.reader.read(req.user_id)
-        self._note_store(problem)  # every read is also a health probe
+        self._note_store(problem)
         job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline)
         job.check()
-        try:
-            if self._processes is not None:
-                return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
-            return await asyncio.get_running_loop().run_in_executor(self._scoring, self.rank, job)
-        except asyncio.CancelledError:
-            job.cancelled = True  # a queued job never starts; a running one stops at its next checkpoint
-            raise
+        return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
 
     def count(self, result: dict) -> None:
         """Count an answer that was sent (called by the gateway after a 200)."""
@@ -229,5 +231,5 @@ class RankerPredictor(Model):
         raise NotImplementedError("requests reach the ranker through serving.gateway")
 
     def rank(self, job: Job) -> dict:
-        """The scoring of one request (runs on a scoring worker thread)."""
+        """The scoring of one request (on a reading or scoring thread, ``serving.scoring_threads``)."""
         return self.scorer.rank(job, self.ad_arrays(), self.ads.loaded)

@@ -17,8 +17,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import sys
+import threading
+from collections.abc import Callable
 
 import torch
 
@@ -54,3 +57,19 @@ def configure(torch_threads: int, gil_switch_ms: float = 0.0) -> None:
 def worker_init(torch_threads: int) -> None:
     """Initializer of a scoring worker thread: its intra-op thread count, set before its first op."""
     torch.set_num_threads(torch_threads)
+
+
+def run_on_every_thread(
+    pool: concurrent.futures.ThreadPoolExecutor, threads: int, fn: Callable[[], None]
+) -> None:
+    """``fn`` once on each of the ``threads`` threads of ``pool``, waiting for all (warm-up: a thread's first
+    request grows its malloc arena and faults its pages in; better before serving than in a request). A barrier
+    keeps one thread from taking two calls."""
+    barrier = threading.Barrier(threads)
+
+    def once() -> None:
+        barrier.wait(timeout=120)
+        fn()
+
+    for fut in [pool.submit(once) for _ in range(threads)]:
+        fut.result()

@@ -1,7 +1,9 @@
 """The per-request user side from the Feast online store: profile, recent events, cached embedding.
 
 Reads run on a small worker pool and are awaited with a deadline; a slow or failing store yields ``None`` plus
-the reason, and the request continues on the degraded path. Concurrent requests may wait for a worker (up to
+the reason, and the request continues on the degraded path. ``read_then`` hands a read's result to a continuation
+on the reading thread itself (serving scores there: no hop back to the event loop between the read and the
+scoring), unless the event loop gave up on the read first (``PendingRead``). Concurrent requests may wait for a worker (up to
 ``max_waiting`` of them, each within its own deadline; a read that times out while waiting is cancelled), so a
 burst is served, not degraded. When the workers are stuck on earlier reads (a locked or hung store) and that many
 reads already wait, new requests do not queue behind them: they are answered degraded at once.
@@ -21,6 +23,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,8 +101,33 @@ def store_guard(store) -> contextlib.AbstractContextManager:
     return threading.Lock() if kind == "sqlite" else contextlib.nullcontext()
 
 
+class PendingRead:
+    """A read started by ``read_then``. Its worker (``finish``) and the event loop once the budget has passed
+    (``abandon``) race under a lock: exactly one of them continues the request, with the features or without."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._state = "reading"
+
+    def finish(self) -> bool:
+        """The read is done: True if the worker continues (the event loop has not given up on it)."""
+        with self._lock:
+            if self._state == "abandoned":
+                return False
+            self._state = "finished"
+            return True
+
+    def abandon(self) -> bool:
+        """The budget has passed: True if the read had not finished (the caller continues without it)."""
+        with self._lock:
+            if self._state == "finished":
+                return False
+            self._state = "abandoned"
+            return True
+
+
 class UserFeatureReader:
-    """``await reader.read(user_id)`` -> (UserFeatures | None, degraded reason | None)."""
+    """``await reader.read(user_id)`` -> (UserFeatures | None, degraded reason | None); or ``read_then``."""
 
     def __init__(
         self,
@@ -110,7 +138,11 @@ class UserFeatureReader:
         max_waiting: int = 0,
         guard: contextlib.AbstractContextManager | None = None,
         max_timeout_s: float = 0.0,
+        continuation_threads: int = 0,
+        thread_init: Callable[[], None] | None = None,
     ):
+        """``continuation_threads``: threads beyond ``workers`` for ``read_then``'s continuations, so that reads
+        never wait behind them; ``thread_init`` runs on each thread before its first read."""
         self.store = store
         self.guard = guard if guard is not None else store_guard(store)
         self.feature_service = feature_service
@@ -120,7 +152,10 @@ class UserFeatureReader:
         self._since_retune = 0
         self.workers = workers
         self.max_waiting = max_waiting
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="feast-read")
+        self.threads = workers + continuation_threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.threads, thread_name_prefix="feast-read", initializer=thread_init
+        )
         self._busy = 0
         self._lock = threading.Lock()
         self._service = None
@@ -154,6 +189,12 @@ class UserFeatureReader:
             samples = list(self._took)
         self.timeout_s = adaptive_budget(samples, self.floor_s, self.cap_s)
 
+    def on_every_thread(self, fn: Callable[[], None]) -> None:
+        """``fn`` once on each reading thread (warm-up of the continuations that run there)."""
+        from serving.runtime import run_on_every_thread
+
+        run_on_every_thread(self._pool, self.threads, fn)
+
     def _read_store(self, user_id: int) -> UserFeatures:
         if self._service is None:
             self._service = self.store.get_feature_service(self.feature_service)
@@ -170,21 +211,52 @@ class UserFeatureReader:
         # cursor), which would otherwise be freed later on the event loop, blocking it on the connection.
         raise StoreReadError(problem)
 
-    def _release(self, _fut) -> None:  # runs when the read finishes or is cancelled before it started
+    def _release(self, _fut=None) -> None:  # a read finished or was cancelled before it started
         with self._lock:
             self._busy -= 1
 
-    async def read(self, user_id: int) -> tuple[UserFeatures | None, str | None]:
+    def _submit(self, fn, *args) -> concurrent.futures.Future | str:
+        """``fn`` on a worker, counted as a read until ``_release``; or why not (all busy, pool shut down)."""
         with self._lock:
             if self._busy >= self.workers + self.max_waiting:  # running or waiting for a worker
-                return None, "feature_store_busy"
+                return "feature_store_busy"
             self._busy += 1
         try:
-            fut = self._pool.submit(self._read_sync, user_id)
+            return self._pool.submit(fn, *args)
         except RuntimeError as err:  # pool shut down
-            with self._lock:
-                self._busy -= 1
-            return None, f"feature_store_error: {err}"
+            self._release()
+            return f"feature_store_error: {err}"
+
+    def read_then(
+        self, user_id: int, then: Callable[[UserFeatures | None, str | None], None]
+    ) -> PendingRead | str:
+        """Start a read whose outcome, ``(features, None)`` or ``(None, degraded reason)``, goes to ``then`` on the
+        reading thread unless ``PendingRead.abandon`` came first; or the reason it could not start (``then`` is
+        not called then). The caller abandons the read once ``timeout_s`` has passed."""
+        pending = PendingRead()
+
+        def run() -> None:
+            try:
+                feats, problem = self._read_sync(user_id), None
+            except StoreReadError as err:
+                feats, problem = None, f"feature_store_error: {err}"[:200]
+            except Exception as err:  # noqa: BLE001 (as ``read``: a store failure degrades the answer)
+                feats, problem = None, f"feature_store_error: {type(err).__name__}: {err}"[:200]
+            finally:
+                self._release()  # the read is over; the continuation is not a read
+            if pending.finish():
+                then(feats, problem)
+
+        fut = self._submit(run)
+        if isinstance(fut, str):
+            return fut
+        fut.add_done_callback(lambda f: f.cancelled() and self._release())  # cancelled before it started
+        return pending
+
+    async def read(self, user_id: int) -> tuple[UserFeatures | None, str | None]:
+        fut = self._submit(self._read_sync, user_id)
+        if isinstance(fut, str):
+            return None, fut
         fut.add_done_callback(self._release)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout_s), None

@@ -1,0 +1,111 @@
+"""Scoring on threads of the server process (``scoring.processes`` = 0, the default), each request's store read and
+its scoring chained on one thread.
+
+A request used to cross threads four times: event loop -> store-read thread -> event loop -> scoring thread ->
+event loop. Each crossing wakes a thread and passes the GIL, and on a busy 2-core server that cost more than the
+Feast read itself (in process, one request at a time: 4.1 ms of CPU per 1,000-candidate request with the hops,
+3.6 ms without; docs/serving-speed.md). Here the reading thread goes on to score (``UserFeatureReader.read_then``)
+and only the answer goes back to the event loop.
+
+- At most ``workers`` requests score at once (``_slots``). A read that finds no free slot hands its request to the
+  queue of the scoring pool instead of blocking its reading thread.
+- The read budget is a timer on the event loop: when it passes first, the request is scored from the pool without
+  the user side (degraded, as before) and the late read's result is dropped by its thread.
+- Deadlines as everywhere (``Job.check``): a request whose client was answered 503 stops at its next checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable
+
+from serving import runtime
+from serving.request_scorer import Job
+from serving.user_features import UserFeatureReader
+
+
+def _settle(answered: asyncio.Future, result, error: BaseException | None) -> None:
+    """On the event loop: deliver an outcome unless the waiting request has gone (cancelled at its deadline)."""
+    if answered.done():
+        return
+    if error is not None:
+        answered.set_exception(error)
+    else:
+        answered.set_result(result)
+
+
+class ScoringThreads:
+    def __init__(self, workers: int, torch_threads: int, rank: Callable[[Job], dict]):
+        self.workers = workers
+        self._rank = rank
+        self._slots = threading.BoundedSemaphore(workers)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            workers, "score", initializer=runtime.worker_init, initargs=(torch_threads,)
+        )
+
+    def on_every_thread(self, fn: Callable[[], None]) -> None:
+        """``fn`` once on each thread of the scoring pool (warm-up)."""
+        runtime.run_on_every_thread(self._pool, self.workers, fn)
+
+    async def answer(self, reader: UserFeatureReader, job: Job) -> dict:
+        """Read ``job``'s user side and score it (``job.feats``, ``job.store_problem`` and ``job.fetch_ms`` are
+        filled in on the way); raises what ``rank`` raises (``Cancelled`` past the deadline)."""
+        loop = asyncio.get_running_loop()
+        answered = loop.create_future()
+        deliver = functools.partial(self._score, job, answered, loop)
+
+        def on_read(feats, problem) -> None:  # on the reading thread, within the read budget
+            job.feats, job.store_problem = feats, problem
+            job.fetch_ms = 1e3 * (time.perf_counter() - job.started)
+            if self._slots.acquire(blocking=False):
+                deliver(True)
+            else:
+                self._pool.submit(deliver, False)
+
+        def without_read(problem: str) -> None:  # the store could not answer in time: score degraded
+            job.store_problem = problem
+            job.fetch_ms = 1e3 * (time.perf_counter() - job.started)
+            self._pool.submit(deliver, False)
+
+        pending = reader.read_then(job.req.user_id, on_read)
+        timer = None
+        if isinstance(pending, str):
+            without_read(pending)
+        else:
+
+            def budget_passed() -> None:
+                if pending.abandon():
+                    without_read("feature_store_timeout")
+
+            timer = loop.call_later(reader.timeout_s, budget_passed)
+        try:
+            return await answered
+        except asyncio.CancelledError:
+            job.cancelled = True  # a queued job never starts; a running one stops at its next checkpoint
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _score(
+        self, job: Job, answered: asyncio.Future, loop: asyncio.AbstractEventLoop, holding: bool
+    ) -> None:
+        """Score ``job`` on this thread (taking a slot unless ``holding`` one) and send the outcome to the loop."""
+        if not holding:
+            self._slots.acquire()
+        try:
+            result, error = self._rank(job), None
+        except Exception as err:  # noqa: BLE001 (re-raised by ``answer`` on the event loop)
+            result, error = None, err
+        finally:
+            self._slots.release()
+        with contextlib.suppress(RuntimeError):  # the loop has closed (server stopping): nobody waits
+            loop.call_soon_threadsafe(_settle, answered, result, error)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
