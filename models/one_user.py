@@ -1,16 +1,19 @@
-"""``Ranker.score`` for the candidates of ONE user at inference: the serving path, scriptable with TorchScript.
+"""``Ranker.user_side`` and ``Ranker.score`` for ONE user at inference: the serving path, scriptable with TorchScript.
 
 With one user the jagged layout is a single dense block: every candidate attends over the same context
 (``models.attention.shared_context``), the linear layers run on oneDNN with their bias, GELU and residual fused
 (``models.onednn``), and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's
-share is computed once (``OneUserHead``). The modules here hold the ranker's own layers (no copies): they follow its
-weights.
+share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids gathered straight
+from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The modules here hold the
+ranker's own layers and tables (no copies): they follow its weights.
 
 Why TorchScript: a 1,000-candidate request is ~100 small torch ops, and every op releases and re-takes the GIL. A
 server scores on two threads next to its event loop and store-read threads, so nearly every re-take waits on a
 futex and switches context (under two clients, 14% of the server's CPU was the kernel's task switch: perf,
-docs/serving-speed.md). ``script(ranker)`` runs the whole candidate path as one call with the GIL released once.
-The eager modules are the same code (``Ranker.score`` calls them); tests compare the two and the training path.
+docs/serving-speed.md). ``script(ranker)`` runs the user side and the candidate path as one call each, with the
+GIL released once per call (the user side alone was ~60 ops: scripting it took 12% off the server's CPU per
+request and 28% of its context switches). The eager modules are the same code (``Ranker.user_side`` and
+``Ranker.score`` call them); tests compare the two and the training path.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from torch import nn
 
 from models import onednn
 from models.attention.shared_context import attend, context_layout
+from models.data import EVENT_ID_FIELDS
 from models.layers import FeedForward
+from models.tokenizer import GAP_TABLE, SparseArch
 
 
 class OneUserBlock(nn.Module):
@@ -42,6 +47,18 @@ class OneUserBlock(nn.Module):
         q = onednn.linear(attend(projected, keys, values), self.out.weight, self.out.bias, "none", q)
         h = onednn.linear(self.norm2(q), self.up.weight, self.up.bias, "gelu")
         return onednn.linear(h, self.down.weight, self.down.bias, "none", q)
+
+
+class ContextKV(nn.Module):
+    """``TargetAwareBlock.context_kv``: the context's K/V packed as (T, 2, H, d/H)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.norm, self.kv, self.heads = block.norm_ctx, block.attn.kv, block.attn.heads
+
+    def forward(self, context: torch.Tensor) -> torch.Tensor:
+        n, width = context.shape[0], context.shape[1]
+        return self.kv(self.norm(context)).view(n, 2, self.heads, width // self.heads)
 
 
 class OneUserHead(nn.Module):
@@ -78,20 +95,49 @@ class OneUserHead(nn.Module):
 
 
 class OneUserScorer(nn.Module):
-    """(N, 2) logits of one user's N candidates from their tokens and the user's per-block K/V."""
+    """(N, 2) logits of one user's N candidates from their tokens and the user's per-block K/V; and
+    ``user_side``, that K/V (and the profile) from the user's ids."""
 
     def __init__(self, ranker):
         super().__init__()
         self.blocks = nn.ModuleList([OneUserBlock(block) for block in ranker.blocks])
         self.head = OneUserHead(ranker.head)
+        fields = [*EVENT_ID_FIELDS, GAP_TABLE]
+        self.event_tables = [ranker.sparse.table(f) for f in fields]
+        self.event_sizes = [ranker.sparse.sizes[f] for f in fields]
+        self.profile_tables = [ranker.sparse.table(f) for f in ("gender", "country")]
+        self.profile_sizes = [ranker.sparse.sizes[f] for f in ("gender", "country")]
+        self.event_norm, self.user_proj, self.age = ranker.events.norm, ranker.user_proj, ranker.age
+        self.context_kv = nn.ModuleList([ContextKV(block) for block in ranker.blocks])
+
+    @torch.jit.export
+    def user_side(
+        self, events: list[torch.Tensor], profile_ids: list[torch.Tensor], age: torch.Tensor,
+        user_tokens: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:  # fmt: skip
+        """``Ranker.user_side`` for one user: ``events`` the (T,) ids of ``EVENT_ID_FIELDS`` + the gap bucket,
+        ``profile_ids`` gender and country (1,), ``age`` (1, 1), ``user_tokens`` (1, K, w) or None. Returns the
+        context [user tokens ++ events] (C, d), every block's K/V (C, 2, H, d/H) and the profile (1, 3, d)."""
+        context = _embed(events[0], self.event_tables[0], self.event_sizes[0])
+        for i in range(1, len(events)):
+            context = context + _embed(events[i], self.event_tables[i], self.event_sizes[i])
+        context = self.event_norm(context)
+        proj = self.user_proj
+        if proj is not None and user_tokens is not None:
+            context = torch.cat([proj(user_tokens.reshape(-1, user_tokens.shape[-1])), context], 0)
+        gender = _embed(profile_ids[0], self.profile_tables[0], self.profile_sizes[0])
+        country = _embed(profile_ids[1], self.profile_tables[1], self.profile_sizes[1])
+        profile = torch.cat([self.age(age), torch.stack([gender, country], 1)], 1)
+        return context, [block(context) for block in self.context_kv], profile
 
     @staticmethod
     def supports(ranker) -> bool:
         """Whether ``ranker``'s one-user scoring is what these modules compute (target-aware pooling, feed-forward
-        blocks, no feature-interaction layers, the standard head) in inference mode."""
+        blocks, no feature-interaction layers, the standard head, unsharded tables) in inference mode."""
         head = list(ranker.head)
         return (
             not ranker.training
+            and isinstance(ranker.sparse, SparseArch)  # its own tables, not sharded ones
             and ranker.cfg.pooling == "target"
             and not ranker.interaction.blocks
             and all(isinstance(block.ffn, FeedForward) for block in ranker.blocks)
@@ -114,6 +160,11 @@ class OneUserScorer(nn.Module):
             q = block(q, keys, values, first_query if i == 0 else None)
         # q * q0 exposes how well what the candidate read from the context matches the candidate itself
         return self.head(torch.cat([q, q * token, token], 1), profile)
+
+
+def _embed(ids: torch.Tensor, table: torch.Tensor, size: int) -> torch.Tensor:
+    """``Ranker._embed``: rows of ``table``, ids outside [0, size) -> the OOV row ``size``."""
+    return F.embedding(torch.where((ids >= 0) & (ids < size), ids, size), table)
 
 
 def script(ranker) -> torch.jit.ScriptModule | None:

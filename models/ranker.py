@@ -17,7 +17,8 @@ scoring thousands of candidates reuses it (``score``).
 
 Serving fast path (same parameters, same outputs): with gradients off, ids are gathered straight from the
 EmbeddingCollection's tables (``F.embedding`` on the same weights and the same OOV rule, no KeyedJaggedTensor per
-call), and one user's candidates go through ``models.one_user`` (scripted by TorchScript in the server): they attend
+call), and one user goes through ``models.one_user`` (scripted by TorchScript in the server): its user side in one
+call, and its candidates attend
 to the user's context as one dense block (no jagged planning, no row moves), the per-candidate GEMMs run on oneDNN
 with their bias, GELU and residual add fused (``models.onednn``), and the head is expanded over the shared profile.
 Training (gradients on) keeps the torchrec path its fused sparse optimizer needs.
@@ -116,6 +117,8 @@ class Ranker(nn.Module):
         user_token_mask: torch.Tensor | None = None,
     ) -> UserSide:
         b = recent.batch_size
+        if b == 1 and self._gather_directly() and (scorer := self.one_user_scorer()) is not None:
+            return self._one_user_side(scorer, recent, profile, user_tokens, user_token_mask)
         ones = torch.ones(b, dtype=torch.int64, device=recent.offsets.device)
         if self._gather_directly():
             emb = {f"recent_{f}": self._embed(f, getattr(recent, f)) for f in EVENT_ID_FIELDS}
@@ -144,6 +147,17 @@ class Ranker(nn.Module):
         prof = torch.cat([self.age(profile.dense[:, :1]), prof], 1)
         kv = [block.context_kv(context) for block in self.blocks]
         return UserSide(context, offsets, kv, prof)
+
+    @staticmethod
+    def _one_user_side(scorer, recent: Events, profile: Profile, user_tokens, user_token_mask) -> UserSide:
+        """``user_side`` of one user at inference, as one call of the one-user path (``models.one_user``)."""
+        if user_token_mask is not None and not bool(user_token_mask[0]):
+            user_tokens = None
+        events = [getattr(recent, f) for f in EVENT_ID_FIELDS] + [recent.gap_bucket]
+        context, kv, prof = scorer.user_side(
+            events, [profile.gender, profile.country], profile.dense[:, :1], user_tokens
+        )
+        return UserSide(context, torch.tensor([0, context.shape[0]]), kv, prof)
 
     def candidate_queries(self, cands: Candidates, project: bool = False) -> CandidateQueries:
         """The user-independent part of the candidates' queries: each candidate's token (the sum of its id

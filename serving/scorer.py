@@ -54,6 +54,10 @@ def score_shared(
     mask = None if user.user_tokens is None else torch.ones(1, dtype=torch.bool)
     side = ranker.user_side(user.recent, user.profile, user.user_tokens, mask)
     n = cands.ad_id.numel()
+    if 0 < n <= batch_size:  # one batch (the usual request): no slicing
+        if check is not None:
+            check()
+        return torch.sigmoid(ranker.score(side, cands, queries)).numpy()
     out = []
     for start in range(0, n, batch_size):
         if check is not None:

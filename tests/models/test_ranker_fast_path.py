@@ -137,3 +137,31 @@ def test_the_one_user_path_adds_nothing_to_the_state_dict():
         model.head[4].bias.add_(1.0)
         after = _scores(model, _inputs([6], [80]), fast=True)
     torch.testing.assert_close(after[:, 0], before[:, 0] + 1.0, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "no_tokens"])
+@pytest.mark.parametrize("n_events", [12, 0])
+@pytest.mark.parametrize("torchscript", [False, True], ids=["eager", "torchscript"])
+def test_one_user_side_equals_the_training_user_side(torchscript, n_events, tokens):
+    """One user's context, K/V and profile in one call (``OneUserScorer.user_side``) against the training path's
+    ``user_side`` (torchrec lookups, jagged concat), OOV ids included; and it follows the embedding tables."""
+    model = _model()
+    assert not torchscript or model.script_one_user()
+    events, profile, _, user_tokens = _inputs([n_events], [1])
+    mask = torch.tensor([tokens])
+    for _ in range(2):
+        with torch.inference_mode():
+            fast = model.user_side(events, profile, user_tokens, mask)
+        with torch.enable_grad():
+            slow = model.user_side(events, profile, user_tokens, mask)
+        assert fast.context.shape[0] == n_events + (K if tokens else 0)
+        for a, b in [
+            (fast.context, slow.context),
+            (fast.profile, slow.profile),
+            *zip(fast.kv, slow.kv, strict=True),
+        ]:
+            torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-6)
+        assert fast.offsets.tolist() == slow.offsets.tolist()
+        with torch.no_grad():  # the same tables, not copies: a change to the weights shows on the next call
+            model.sparse.table("ad_id").mul_(2.0)
+            model.sparse.table("gender").add_(1.0)
