@@ -102,9 +102,9 @@ def _check(
     if n > max_candidates:
         raise RequestError(f"candidates: {n} ad ids is more than the limit of {max_candidates}")
     cands = np.asarray(req.candidates, dtype=np.int64)
-    uniq, counts = np.unique(cands, return_counts=True)
-    if len(uniq) != n:
-        dup = uniq[counts > 1][:5].tolist()
+    ordered = np.sort(cands)
+    if (ordered[1:] == ordered[:-1]).any():  # (a sort and one compare: half of np.unique's time)
+        dup = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])[:5].tolist()
         raise RequestError(f"candidates: duplicate ad id(s) {dup}; each candidate must appear once")
     ctx = req.context
     if ctx.surface not in SURFACES:
