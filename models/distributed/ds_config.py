@@ -2,8 +2,9 @@
 
 One engine call per optimizer step: a "micro batch" is one token-budget batch (see ``batching``), so the
 micro-batch size is 1 and DeepSpeed's batch-size arithmetic stays trivially consistent.
-``torch_adam`` keeps DeepSpeed from JIT-building its fused CPU Adam (a minute on first use, nothing gained at
-these sizes).
+``torch_adam`` keeps DeepSpeed from JIT-building its fused CPU Adam (a minute on first use); PyTorch's own
+``fused`` AdamW updates each flat ZeRO partition in one pass instead of ~10 (CPU, one thread: 0.42 vs 5.7 ms per
+million parameters, ``bench/train.py``'s optimizer share in docs/training-speed.md).
 
 Gradient reduction (ZeRO 1/2): contiguous gradient buffers and buckets of ``reduce_bucket_mb`` (a few large
 messages rather than one per parameter: a gloo or NCCL call has a fixed cost); ``overlap_comm`` runs the
@@ -30,7 +31,7 @@ def deepspeed_config(cfg: TrainRunConfig, world_size: int) -> dict[str, Any]:
         "gradient_clipping": oc.grad_clip if oc.grad_clip > 0 else 0.0,
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": oc.lr, "weight_decay": oc.weight_decay, "torch_adam": True},
+            "params": {"lr": oc.lr, "weight_decay": oc.weight_decay, "torch_adam": True, "fused": True},
         },
         "zero_optimization": {
             "stage": dc.zero_stage,

@@ -34,6 +34,7 @@ def test_deepspeed_config_from_run_config():
         "lr": 3e-4,
         "weight_decay": cfg.optim.weight_decay,
         "torch_adam": True,
+        "fused": True,  # PyTorch's one-pass AdamW on each flat ZeRO partition
     }
     assert (
         ds["train_batch_size"] == 2 * ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"]
