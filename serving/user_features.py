@@ -1,12 +1,14 @@
 """The per-request user side from the Feast online store: profile, recent events, cached embedding.
 
 Reads run on a small worker pool and are awaited with a deadline; a slow or failing store yields ``None`` plus
-the reason, and the request continues on the degraded path. ``read_then`` hands a read's result to a continuation
-on the reading thread itself (serving scores there: no hop back to the event loop between the read and the
-scoring), unless the event loop gave up on the read first (``PendingRead``). Concurrent requests may wait for a worker (up to
+the reason, and the request continues on the degraded path. Concurrent requests may wait for a worker (up to
 ``max_waiting`` of them, each within its own deadline; a read that times out while waiting is cancelled), so a
 burst is served, not degraded. When the workers are stuck on earlier reads (a locked or hung store) and that many
 reads already wait, new requests do not queue behind them: they are answered degraded at once.
+
+``read_then`` hands a read's result to a continuation on the reading thread itself (serving scores there: no hop
+back to the event loop between the read and the scoring), unless the event loop gave up on the read first
+(``PendingRead``).
 
 The budget adapts to the store as measured: every read's duration (late ones included: the worker finishes them)
 goes into a window of the last ``WINDOW`` reads, and every ``RETUNE_EVERY`` reads the budget becomes
@@ -27,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from serving.runtime import run_on_every_thread
 
 WINDOW, RETUNE_EVERY, MIN_SAMPLES, MARGIN = 2048, 128, 64, 1.5
 RECENT_FIELDS = ("recent_ad_ids", "recent_actions", "recent_category_ids", "recent_ts")
@@ -191,8 +195,6 @@ class UserFeatureReader:
 
     def on_every_thread(self, fn: Callable[[], None]) -> None:
         """``fn`` once on each reading thread (warm-up of the continuations that run there)."""
-        from serving.runtime import run_on_every_thread
-
         run_on_every_thread(self._pool, self.threads, fn)
 
     def _read_store(self, user_id: int) -> UserFeatures:
