@@ -26,7 +26,7 @@ from models import onednn
 from models.attention.shared_context import attend, context_layout
 from models.data import EVENT_ID_FIELDS
 from models.layers import FeedForward
-from models.tokenizer import GAP_TABLE, SparseArch
+from models.tokenizer import GAP_TABLE, SparseArch, gather_rows
 
 
 class OneUserBlock(nn.Module):
@@ -118,15 +118,15 @@ class OneUserScorer(nn.Module):
         """``Ranker.user_side`` for one user: ``events`` the (T,) ids of ``EVENT_ID_FIELDS`` + the gap bucket,
         ``profile_ids`` gender and country (1,), ``age`` (1, 1), ``user_tokens`` (1, K, w) or None. Returns the
         context [user tokens ++ events] (C, d), every block's K/V (C, 2, H, d/H) and the profile (1, 3, d)."""
-        context = _embed(events[0], self.event_tables[0], self.event_sizes[0])
+        context = gather_rows(events[0], self.event_tables[0], self.event_sizes[0])
         for i in range(1, len(events)):
-            context = context + _embed(events[i], self.event_tables[i], self.event_sizes[i])
+            context = context + gather_rows(events[i], self.event_tables[i], self.event_sizes[i])
         context = self.event_norm(context)
         proj = self.user_proj
         if proj is not None and user_tokens is not None:
             context = torch.cat([proj(user_tokens.reshape(-1, user_tokens.shape[-1])), context], 0)
-        gender = _embed(profile_ids[0], self.profile_tables[0], self.profile_sizes[0])
-        country = _embed(profile_ids[1], self.profile_tables[1], self.profile_sizes[1])
+        gender = gather_rows(profile_ids[0], self.profile_tables[0], self.profile_sizes[0])
+        country = gather_rows(profile_ids[1], self.profile_tables[1], self.profile_sizes[1])
         profile = torch.cat([self.age(age), torch.stack([gender, country], 1)], 1)
         return context, [block(context) for block in self.context_kv], profile
 
@@ -160,11 +160,6 @@ class OneUserScorer(nn.Module):
             q = block(q, keys, values, first_query if i == 0 else None)
         # q * q0 exposes how well what the candidate read from the context matches the candidate itself
         return self.head(torch.cat([q, q * token, token], 1), profile)
-
-
-def _embed(ids: torch.Tensor, table: torch.Tensor, size: int) -> torch.Tensor:
-    """``Ranker._embed``: rows of ``table``, ids outside [0, size) -> the OOV row ``size``."""
-    return F.embedding(torch.where((ids >= 0) & (ids < size), ids, size), table)
 
 
 def script(ranker) -> torch.jit.ScriptModule | None:

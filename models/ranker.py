@@ -18,9 +18,9 @@ scoring thousands of candidates reuses it (``score``).
 Serving fast path (same parameters, same outputs): with gradients off, ids are gathered straight from the
 EmbeddingCollection's tables (``F.embedding`` on the same weights and the same OOV rule, no KeyedJaggedTensor per
 call), and one user goes through ``models.one_user`` (scripted by TorchScript in the server): its user side in one
-call, and its candidates attend
-to the user's context as one dense block (no jagged planning, no row moves), the per-candidate GEMMs run on oneDNN
-with their bias, GELU and residual add fused (``models.onednn``), and the head is expanded over the shared profile.
+call, and its candidates attend to the user's context as one dense block (no jagged planning, no row moves), the
+per-candidate GEMMs run on oneDNN with their bias, GELU and residual add fused (``models.onednn``), and the head is
+expanded over the shared profile.
 Training (gradients on) keeps the torchrec path its fused sparse optimizer needs.
 
 Ablations (config flags): ``pooling="mean"`` (mean of the context, no attention), ``pooling="din"`` (DIN-style
@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models import one_user, onednn
@@ -48,7 +47,15 @@ from models.layers import (
     segment_mean,
 )
 from models.one_user import OneUserScorer
-from models.tokenizer import GAP_TABLE, DenseTokens, EventTokenizer, SparseArch, event_features, event_ids
+from models.tokenizer import (
+    GAP_TABLE,
+    DenseTokens,
+    EventTokenizer,
+    SparseArch,
+    event_features,
+    event_ids,
+    gather_rows,
+)
 from models.transforms import lengths
 
 PROFILE_TOKENS = 3  # age, gender, country
@@ -225,9 +232,7 @@ class Ranker(nn.Module):
 
     def _embed(self, table: str, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``SparseArch`` returns for ``ids`` of ``table`` (ids outside the vocabulary -> the OOV row)."""
-        size = self.sparse.sizes[table]
-        ids = ids.long()
-        return F.embedding(torch.where((ids >= 0) & (ids < size), ids, size), self.sparse.table(table))
+        return gather_rows(ids.long(), self.sparse.table(table), self.sparse.sizes[table])
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         side = self.user_side(batch.history, batch.profile, batch.user_tokens, batch.user_token_mask)

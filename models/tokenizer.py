@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
@@ -20,6 +21,17 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from models.data import EVENT_ID_FIELDS, Events
 
 GAP_TABLE = "gap_bucket"
+
+
+def oov_ids(ids: torch.Tensor, size: int) -> torch.Tensor:
+    """Ids of a table of ``size`` known rows: anything outside [0, size) -> the OOV row ``size`` (every table has
+    one extra row for ids unseen in training: new ads at serving time)."""
+    return torch.where((ids >= 0) & (ids < size), ids, size)
+
+
+def gather_rows(ids: torch.Tensor, table: torch.Tensor, size: int) -> torch.Tensor:
+    """The rows ``SparseArch`` returns for ``ids`` (the inference fast path: no KeyedJaggedTensor)."""
+    return F.embedding(oov_ids(ids, size), table)
 
 
 class SparseArch(nn.Module):
@@ -83,10 +95,7 @@ class SparseArch(nn.Module):
         for key in keys:
             v, n = ids.get(key, (empty, no_lengths))
             size = self.sizes[self.features[key]]
-            v = v.long()
-            values.append(
-                torch.where((v >= 0) & (v < size), v, torch.full_like(v, size))
-            )  # unknown -> OOV row
+            values.append(oov_ids(v.long(), size))
             lengths.append(n.long())
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
