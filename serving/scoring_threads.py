@@ -78,7 +78,7 @@ class ScoringThreads:
         else:
 
             def budget_passed() -> None:
-                if pending.abandon():
+                if pending.claim():  # the read had not finished
                     without_read("feature_store_timeout")
 
             timer = loop.call_later(reader.timeout_s, budget_passed)

@@ -106,28 +106,15 @@ def store_guard(store) -> contextlib.AbstractContextManager:
 
 
 class PendingRead:
-    """A read started by ``read_then``. Its worker (``finish``) and the event loop once the budget has passed
-    (``abandon``) race under a lock: exactly one of them continues the request, with the features or without."""
+    """A read started by ``read_then``. Its worker once the read is done and the event loop once the budget has
+    passed both ``claim`` it: the first one continues the request (with the features, or without them)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._state = "reading"
+        self._claimed = threading.Lock()
 
-    def finish(self) -> bool:
-        """The read is done: True if the worker continues (the event loop has not given up on it)."""
-        with self._lock:
-            if self._state == "abandoned":
-                return False
-            self._state = "finished"
-            return True
-
-    def abandon(self) -> bool:
-        """The budget has passed: True if the read had not finished (the caller continues without it)."""
-        with self._lock:
-            if self._state == "finished":
-                return False
-            self._state = "abandoned"
-            return True
+    def claim(self) -> bool:
+        """True for the first caller only (a lock's non-blocking acquire is atomic)."""
+        return self._claimed.acquire(blocking=False)
 
 
 class UserFeatureReader:
@@ -233,8 +220,8 @@ class UserFeatureReader:
         self, user_id: int, then: Callable[[UserFeatures | None, str | None], None]
     ) -> PendingRead | str:
         """Start a read whose outcome, ``(features, None)`` or ``(None, degraded reason)``, goes to ``then`` on the
-        reading thread unless ``PendingRead.abandon`` came first; or the reason it could not start (``then`` is
-        not called then). The caller abandons the read once ``timeout_s`` has passed."""
+        reading thread unless the caller's ``PendingRead.claim`` came first (the caller claims the read once
+        ``timeout_s`` has passed); or the reason it could not start (``then`` is not called then)."""
         pending = PendingRead()
 
         def run() -> None:
@@ -246,7 +233,7 @@ class UserFeatureReader:
                 feats, problem = None, f"feature_store_error: {type(err).__name__}: {err}"[:200]
             finally:
                 self._release()  # the read is over; the continuation is not a read
-            if pending.finish():
+            if pending.claim():
                 then(feats, problem)
 
         fut = self._submit(run)
