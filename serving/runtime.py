@@ -59,9 +59,7 @@ def worker_init(torch_threads: int) -> None:
     torch.set_num_threads(torch_threads)
 
 
-def run_on_every_thread(
-    pool: concurrent.futures.ThreadPoolExecutor, threads: int, fn: Callable[[], None]
-) -> None:
+def run_on_every_thread(pool: concurrent.futures.Executor, threads: int, fn: Callable[[], None]) -> None:
     """``fn`` once on each of the ``threads`` threads of ``pool``, waiting for all (warm-up: a thread's first
     request grows its malloc arena and faults its pages in; better before serving than in a request). A barrier
     keeps one thread from taking two calls."""

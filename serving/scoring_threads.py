@@ -16,7 +16,6 @@ event loop. Each crossing wakes a thread and passes the GIL. Here the reading th
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import threading
@@ -24,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from serving import runtime
+from serving.hot_threads import HotThreadPool
 from serving.request_scorer import Job
 from serving.user_features import UserFeatureReader
 
@@ -43,7 +43,7 @@ class ScoringThreads:
         self.workers = workers
         self._rank = rank
         self._slots = threading.BoundedSemaphore(workers)
-        self._pool = concurrent.futures.ThreadPoolExecutor(
+        self._pool = HotThreadPool(
             workers, "score", initializer=runtime.worker_init, initargs=(torch_threads,)
         )
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from serving.hot_threads import HotThreadPool
 from serving.runtime import run_on_every_thread
 
 WINDOW, RETUNE_EVERY, MIN_SAMPLES, MARGIN = 2048, 128, 64, 1.5
@@ -144,9 +145,7 @@ class UserFeatureReader:
         self.workers = workers
         self.max_waiting = max_waiting
         self.threads = workers + continuation_threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            self.threads, thread_name_prefix="feast-read", initializer=thread_init
-        )
+        self._pool = HotThreadPool(self.threads, "feast-read", initializer=thread_init)
         self._busy = 0
         self._lock = threading.Lock()
         self._service = None
