@@ -24,7 +24,7 @@ def test_collections_are_timed_per_generation():
 
 
 def test_a_blocked_loop_shows_up_as_lag():
-    monitor = PauseMonitor()
+    monitor = PauseMonitor(lag_interval_s=0.01)
 
     async def serve() -> None:
         monitor.watch_loop()
