@@ -9,6 +9,12 @@ Reading 6,000 ads through the Feast SDK is ~1.4 s of pure Python. Run on a threa
 holds the GIL the event loop and the scoring threads need, and every request in flight meanwhile waits on it
 (the open-loop tail of ``bench/serve.py``). ``ProcessLoader`` runs the same loader in a child process (its own
 store handle, lower CPU priority); only the finished snapshot, a few numpy arrays, crosses back.
+
+Most refreshes of a serving replica find nothing new (ad features change when a materialization runs). On Feast's
+SQLite online store the loader first asks SQLite whether any connection committed since its last snapshot
+(``sqlite_version``: one ``PRAGMA data_version``, exact) and skips the read if none did and the ad universe is
+the same: the ~1 s of CPU per refresh was ~0.2 ms per request at 100 req/s (docs/serving-speed.md, round 5).
+Other online stores have no such counter: every refresh reads them.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ import datetime as dt
 import logging
 import multiprocessing
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -79,7 +87,7 @@ class AdSnapshot:
         return out, known
 
 
-Loader = Callable[[], AdSnapshot]
+Loader = Callable[[], "AdSnapshot | None"]  # None: nothing changed since the loader's last snapshot
 
 
 @dataclass
@@ -96,6 +104,7 @@ class AdTable:
     snapshot: AdSnapshot = field(default_factory=lambda: AdSnapshot.empty([]))
     last_error: str | None = None
     refreshes: int = 0
+    unchanged: int = 0  # refreshes that found the store unchanged (the snapshot stays)
     failures: int = 0
 
     def __post_init__(self) -> None:
@@ -121,6 +130,10 @@ class AdTable:
                 self.last_error,  # with the type: a timeout's message alone is empty
             )
             return False
+        if snap is None:
+            self.unchanged += 1
+            self.last_error = None
+            return True
         self.snapshot = snap
         self.refreshes += 1
         self.last_error = None
@@ -155,21 +168,69 @@ class AdTable:
             "as_of": snap.as_of.isoformat() if snap.as_of else None,
             "loaded_at": snap.loaded_at.isoformat() if self.loaded else None,
             "refreshes": self.refreshes,
+            "unchanged": self.unchanged,
             "failures": self.failures,
             "last_error": self.last_error,
         }
 
 
 # ------------------------------------------------------------------------------------------ Feast loader
+def sqlite_version(store) -> Callable[[], tuple | None]:
+    """For Feast's SQLite online store, a callable returning a token that changes whenever any connection commits
+    to the store's file or the file is replaced; for other stores, one returning None (unknown: always read).
+
+    The token is (device, inode, ``PRAGMA data_version``) on a read-only connection of its own: SQLite changes
+    that pragma's value exactly when another connection commits (a materialization, a push)."""
+    online = getattr(getattr(store, "config", None), "online_store", None)
+    if getattr(online, "type", "") != "sqlite":
+        return lambda: None
+    path = Path(online.path)
+    if not path.is_absolute() and store.config.repo_path:
+        path = Path(store.config.repo_path) / path
+    opened: dict = {}  # the connection and the (device, inode) of the file it has open
+
+    def version() -> tuple | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        identity = (st.st_dev, st.st_ino)
+        if opened.get("identity") != identity:
+            if "conn" in opened:
+                opened["conn"].close()
+            opened["conn"] = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            opened["identity"] = identity
+        return (*identity, opened["conn"].execute("PRAGMA data_version").fetchone()[0])
+
+    return version
+
+
 def feast_ad_loader(
-    store, ad_ids: Callable[[], np.ndarray], feature_service: str, chunk: int = 2000, guard=None
+    store,
+    ad_ids: Callable[[], np.ndarray],
+    feature_service: str,
+    chunk: int = 2000,
+    guard=None,
+    version: Callable[[], tuple | None] | None = None,
 ) -> Loader:
     """A loader reading every ad of ``ad_ids()`` through the Feast SDK's online read of ``feature_service``
-    (each chunk under ``guard``, ``serving.user_features.store_guard``)."""
+    (each chunk under ``guard``, ``serving.user_features.store_guard``). With ``version`` (``sqlite_version``) it
+    returns None instead when the store's version and the ad ids are those of its last snapshot."""
     guard = guard if guard is not None else contextlib.nullcontext()
+    last: dict = {}  # "version" and "ids" of the last snapshot built (recorded only once it is built)
 
-    def load() -> AdSnapshot:
+    def load() -> AdSnapshot | None:
         ids = np.unique(np.asarray(ad_ids(), np.int64))
+        seen = (
+            version() if version is not None else None
+        )  # before the read: a write during it shows next time
+        if seen is not None and seen == last.get("version") and np.array_equal(ids, last.get("ids")):
+            return None
+        snap = read(ids)
+        last.update(version=seen, ids=ids)
+        return snap
+
+    def read(ids: np.ndarray) -> AdSnapshot:
         service = store.get_feature_service(feature_service)
         values: dict[str, list] = {}
         newest = 0
@@ -209,17 +270,19 @@ def offline_ad_ids(ws, tables: tuple[str, ...] = ("ad_attributes", "ad_stats")) 
 
 
 def store_ad_loader(ws, store_cfg, feature_service: str, chunk: int = 2000) -> Loader:
-    """``feast_ad_loader`` on a store this process opens itself from the workspace and store config."""
+    """``feast_ad_loader`` on a store this process opens itself from the workspace and store config (skipping
+    unchanged SQLite stores)."""
     from features.store import open_store
 
-    return feast_ad_loader(open_store(ws, store_cfg), offline_ad_ids(ws), feature_service, chunk)
+    store = open_store(ws, store_cfg)
+    return feast_ad_loader(store, offline_ad_ids(ws), feature_service, chunk, version=sqlite_version(store))
 
 
 # ------------------------------------------------------------------------------------- refresh process
 _CHILD_LOADER: Loader | None = None  # the refresh process's loader, built by its first refresh
 
 
-def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot:
+def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot | None:
     global _CHILD_LOADER
     if _CHILD_LOADER is None:  # a failure here reaches the parent as a failed refresh, retried next time
         _CHILD_LOADER = make_loader()
@@ -251,7 +314,7 @@ class ProcessLoader:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
 
-    def __call__(self) -> AdSnapshot:
+    def __call__(self) -> AdSnapshot | None:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_child

@@ -31,7 +31,14 @@ from kserve import Model
 from gemflow.workspace import Workspace
 from serving import inputs as build
 from serving import runtime
-from serving.ad_table import AdTable, ProcessLoader, feast_ad_loader, offline_ad_ids, store_ad_loader
+from serving.ad_table import (
+    AdTable,
+    ProcessLoader,
+    feast_ad_loader,
+    offline_ad_ids,
+    sqlite_version,
+    store_ad_loader,
+)
 from serving.config import ServingConfig
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
@@ -101,9 +108,8 @@ class RankerPredictor(Model):
             continuation_threads=0 if sc.processes else sc.workers,  # reading threads go on to score
             thread_init=functools.partial(runtime.worker_init, sc.torch_threads),
         )
-        here = feast_ad_loader(
-            self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard
-        )
+        here = feast_ad_loader(self.store, offline_ad_ids(self.ws), at.feature_service, at.lookup_chunk, guard,
+                               sqlite_version(self.store))  # fmt: skip
         if at.refresh_process:  # its own store handle from the same config, no GIL shared with requests
             make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
                                      at.lookup_chunk)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,21 @@ import pandas as pd
 import psutil
 import pytest
 
+from features.feature_repo.tables import STATS_KINDS
+from features.store import open_store
+from gemflow.workspace import Workspace
 from models.data import DenseSpec
-from serving.ad_table import AdSnapshot, AdTable, ProcessLoader
+from serving.ad_table import (
+    AdSnapshot,
+    AdTable,
+    ProcessLoader,
+    feast_ad_loader,
+    offline_ad_ids,
+    sqlite_version,
+)
 from serving.inputs import AdArrays
 from tests.serving import ad_loaders
+from tests.serving.world import REQUEST_TS
 
 
 def _snap():
@@ -142,3 +154,43 @@ def test_the_refresh_process_exits_when_its_server_is_killed(tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+def test_an_unchanged_table_keeps_its_snapshot():
+    loads = iter([_snap(), None])
+    table = AdTable(lambda: next(loads), refresh_seconds=3600)
+    assert table.refresh() and table.refresh()
+    status = table.status()
+    assert status["refreshes"] == 1 and status["unchanged"] == 1 and status["ads"] == 3
+
+
+def test_the_sqlite_store_is_read_again_only_after_a_commit_or_a_new_ad(world, tmp_path):
+    ws = Workspace(
+        shutil.copytree(world.ws.root, tmp_path / "ws")
+    )  # a store of its own: this test writes to it
+    store = open_store(ws)
+    ids = {"extra": []}
+
+    def ad_ids():
+        return np.concatenate([offline_ad_ids(ws)(), np.array(ids["extra"], np.int64)])
+
+    load = feast_ad_loader(store, ad_ids, "ad_candidates", version=sqlite_version(store))
+    first = load()
+    assert first is not None and first.num_ads == len(world.ads)
+    assert load() is None and load() is None  # nothing committed since: no read
+
+    ad = int(world.ads["ad_id"].iloc[0])
+    row = world.ads[world.ads["ad_id"] == ad].drop(columns=["ad_attributes"], errors="ignore").copy()
+    row["ctr_7d"] = 0.5
+    row["event_timestamp"] = pd.Timestamp(REQUEST_TS, unit="s", tz="UTC")
+    row["created_timestamp"] = row["event_timestamp"]
+    store.write_to_online_store("ad_stats", row[["ad_id", "event_timestamp", "created_timestamp",
+                                                 *[c for c in row if c.startswith(STATS_KINDS)]]])  # fmt: skip
+    again = load()  # another connection committed (as a materialization or a push would)
+    assert again is not None and again.columns["ctr_7d"][ad] == pytest.approx(0.5)
+    assert load() is None
+
+    ids["extra"] = [10**6]  # a new ad in the offline tables: read again, even with the store unchanged
+    grown = load()
+    assert grown is not None and grown.known.size == 10**6 + 1 and np.isnan(grown.columns["ctr_7d"][10**6])
+    assert sqlite_version(object())() is None  # not SQLite: no version, every refresh reads
