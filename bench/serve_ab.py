@@ -3,7 +3,8 @@
 On a machine whose speed drifts (a shared VM: the same code measured 2x apart an hour later), only figures taken
 in alternation compare. Each round sends one burst to every server in turn (``--clients`` keep-alive clients,
 ``--per-client`` 1,000-candidate requests each, the bench world's healthy users) and records the server's CPU
-seconds per request (its process and its child processes, from /proc) and the burst's requests per second; medians over ``--rounds``.
+seconds per request (its process and its child processes, from /proc) and the burst's requests per second; medians
+over ``--rounds``. With ``--rate R`` each burst is open loop instead (R requests/s, a p99 instead of req/s).
 
     # two servers on one bench world (bench/serve.py --build-world /tmp/gemflow-bench built it), e.g. main vs a branch
     .venv/bin/python -m gemflow.cli serve --workspace /tmp/gemflow-bench/ws --model-uri /tmp/gemflow-bench/ranker \\
@@ -15,6 +16,7 @@ seconds per request (its process and its child processes, from /proc) and the bu
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import statistics
 import sys
 import threading
@@ -60,12 +62,42 @@ def burst(
     return 1e3 * (cpu_seconds(proc) - cpu0) / n, n / (time.perf_counter() - wall0)
 
 
+def open_burst(
+    port: int, proc: psutil.Process, bodies: list[bytes], rate: float, n: int
+) -> tuple[float, float]:
+    """(server CPU ms per request, p99 latency ms) of ``n`` requests sent open loop at ``rate`` per second (an
+    idle server between requests wakes for each one: the CPU per request of a server at moderate load)."""
+    local, took = threading.local(), []
+
+    def one(i: int, due: float) -> None:
+        if not hasattr(local, "client"):
+            local.client = Client(f"http://127.0.0.1:{port}")
+        status = local.client.post(PREDICT, bodies[i % len(bodies)])[0]
+        took.append(1e3 * (time.perf_counter() - due))
+        if status != 200:
+            raise SystemExit(f"error: server on port {port} answered {status}")
+
+    cpu0, start = cpu_seconds(proc), time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for i in range(n):
+            due = start + i / rate
+            time.sleep(max(0.0, due - time.perf_counter()))
+            pool.submit(one, i, due)
+    return 1e3 * (cpu_seconds(proc) - cpu0) / n, float(np.percentile(took, 99))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ports", required=True, help="comma-separated ports of running servers (127.0.0.1)")
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=60, help="requests per client per burst")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="> 0: open-loop bursts at this many requests/s (clients x per-client requests each)",
+    )
     ap.add_argument("--candidates", type=int, default=1000)
     ap.add_argument("--num-ads", type=int, default=6000)
     args = ap.parse_args()
@@ -79,15 +111,18 @@ def main() -> None:
     results: dict[int, list[tuple[float, float]]] = {p: [] for p in ports}
     for _ in range(args.rounds):
         for p in ports:
-            results[p].append(burst(p, procs[p], bodies, args.clients, args.per_client))
-    print(
-        f"{args.clients} closed-loop clients, {args.candidates} candidates, {args.rounds} alternating rounds"
-    )
+            if args.rate > 0:
+                results[p].append(open_burst(p, procs[p], bodies, args.rate, args.clients * args.per_client))
+            else:
+                results[p].append(burst(p, procs[p], bodies, args.clients, args.per_client))
+    loop = f"open loop at {args.rate:g} req/s" if args.rate > 0 else f"{args.clients} closed-loop clients"
+    print(f"{loop}, {args.candidates} candidates, {args.rounds} alternating rounds")
     for p in ports:
         cpu = [r[0] for r in results[p]]
-        rps = [r[1] for r in results[p]]
+        second = statistics.median(r[1] for r in results[p])
         print(f"  port {p}: server CPU {statistics.median(cpu):.2f} ms/request (median; rounds "
-              f"{' '.join(f'{x:.2f}' for x in cpu)}), {statistics.median(rps):.0f} req/s median")  # fmt: skip
+              f"{' '.join(f'{x:.2f}' for x in cpu)}), "
+              + (f"p99 {second:.1f} ms median" if args.rate > 0 else f"{second:.0f} req/s median"))  # fmt: skip
 
 
 if __name__ == "__main__":
