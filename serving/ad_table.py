@@ -87,7 +87,7 @@ class AdSnapshot:
         return out, known
 
 
-Loader = Callable[[], "AdSnapshot | None"]  # None: nothing changed since the loader's last snapshot
+Loader = Callable[[], AdSnapshot | None]  # None: nothing changed since the loader's last snapshot
 
 
 @dataclass
@@ -221,9 +221,8 @@ def feast_ad_loader(
 
     def load() -> AdSnapshot | None:
         ids = np.unique(np.asarray(ad_ids(), np.int64))
-        seen = (
-            version() if version is not None else None
-        )  # before the read: a write during it shows next time
+        # the version from before the read: a write during the read shows as a change next time
+        seen = version() if version is not None else None
         if seen is not None and seen == last.get("version") and np.array_equal(ids, last.get("ids")):
             return None
         snap = read(ids)
