@@ -23,6 +23,7 @@ from torch import nn
 
 from models.config import UserModelConfig
 from models.data import CANDIDATE_ID_FIELDS, Batch, Candidates, Events
+from models.l2_normalize import l2_normalize
 from models.layers import (
     CrossAttention,
     TargetAwareBlock,
@@ -126,7 +127,7 @@ class UserModel(nn.Module):
 
     def query(self, states: torch.Tensor) -> torch.Tensor:
         """States -> next-item queries; a query . item vector is cosine / temperature."""
-        return F.normalize(self.next_proj(states), dim=-1) / self.cfg.next_item_temperature
+        return l2_normalize(self.next_proj(states)) / self.cfg.next_item_temperature
 
     def item_vectors(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """(n, d) normalized item-side vectors of ``ids`` (every ad when None): the ad's own row, plus its
@@ -149,7 +150,7 @@ class UserModel(nn.Module):
                 + F.embedding(pick(self.item_advertiser), self.sparse.table("advertiser_id"))
                 + pick(self.attribute_table())
             )
-        return F.normalize(vec, dim=-1)
+        return l2_normalize(vec)
 
     def encode_user(self, history: Events, user_id: torch.Tensor) -> torch.Tensor:
         """(B, K, d) user tokens: the cached, candidate-independent user embedding."""
@@ -216,9 +217,9 @@ class UserModel(nn.Module):
         table = self.sparse.table("ad_id")
         target = history.ad_id[src + 1].clamp(0, table.shape[0] - 1)
         negatives = torch.randint(0, table.shape[0] - 1, (self.cfg.num_negatives,), device=states.device)
-        h = F.normalize(self.next_proj(states[src]), dim=-1)
-        pos = (h * F.normalize(table[target], dim=-1)).sum(-1, keepdim=True)
-        neg = h @ F.normalize(table[negatives], dim=-1).T
+        h = l2_normalize(self.next_proj(states[src]))
+        pos = (h * l2_normalize(table[target])).sum(-1, keepdim=True)
+        neg = h @ l2_normalize(table[negatives]).T
         neg = neg.masked_fill(
             negatives[None] == target[:, None], float("-inf")
         )  # a sampled positive is no negative

@@ -25,6 +25,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models.data import Batch, Events
+from models.l2_normalize import l2_normalize
 from models.tokenizer import SparseArch, event_ids
 from models.transforms import lengths
 from models.user_model import UserModel
@@ -141,9 +142,9 @@ class DenseTower(nn.Module):
         if src.numel() == 0:
             return states.new_zeros((), dtype=torch.float32)
         target, target_emb = history.ad_id[src + 1], hist_ad_emb[src + 1]
-        h = F.normalize(self.model.next_proj(states[src]).float(), dim=-1)
-        pos = (h * F.normalize(target_emb.float(), dim=-1)).sum(-1, keepdim=True)
-        neg = h @ F.normalize(negative_emb.float(), dim=-1).T
+        h = l2_normalize(self.model.next_proj(states[src]).float())
+        pos = (h * l2_normalize(target_emb.float())).sum(-1, keepdim=True)
+        neg = h @ l2_normalize(negative_emb.float()).T
         size = self.model.sparse_sizes["ad_id"]
         target_row = torch.where((target >= 0) & (target < size), target, torch.full_like(target, size))
         neg = neg.masked_fill(negatives[None] == target_row[:, None], float("-inf"))  # a sampled positive
