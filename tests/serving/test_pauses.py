@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 
 from serving.pauses import PauseMonitor, freeze_heap
@@ -51,3 +52,27 @@ def test_freeze_heap_exempts_what_is_alive():
         assert before >= reported >= after > 1000
     finally:
         gc.unfreeze()
+
+
+def test_a_collection_during_a_snapshot_does_not_deadlock_it():
+    """The GC callback takes the monitor's lock; a collection triggered by ``snapshot``'s own allocations (on the
+    thread that holds it) must not block forever."""
+    monitor = PauseMonitor()
+    monitor.start_gc()
+    before = gc.get_threshold()
+    done = threading.Event()
+
+    def snapshots():
+        for _ in range(200):
+            monitor.snapshot()
+        done.set()
+
+    try:
+        gc.set_threshold(1, 1, 1)  # a collection at nearly every allocation
+        thread = threading.Thread(target=snapshots, daemon=True)
+        thread.start()
+        assert done.wait(20), "snapshot deadlocked in the GC callback"
+    finally:
+        gc.set_threshold(*before)
+        monitor.stop()
+    assert monitor.snapshot()["gc"]["gen0"]["count"] > 0
