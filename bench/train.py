@@ -1,14 +1,15 @@
-"""Distributed user-model training throughput: 1 vs 2 processes, bf16 vs FP8, side by side.
+"""Distributed user-model training throughput: 1 vs 2 processes, ZeRO stages, FP8, compiled, side by side.
 
-    nice -n 10 .venv/bin/python bench/train.py [--d-model 256] [--steps 24] [--tokens-per-step 8192]
+    nice -n 10 .venv/bin/python bench/train.py [--d-model 256] [--steps 24] [--tokens-per-step 8192] [--precision auto]
 
 Every configuration runs the real launcher (torchrun ranks, torchrec DMP embeddings for the ad and user tables,
 the small vocabulary tables replicated on every rank, DeepSpeed ZeRO-2 engine with bucketed gradient reduction)
 on the same learnable training set for the same steps, then reads the run's ``perf.json`` (throughput after
-warm-up steps) and ``metrics.json`` (validation NE). The dense tower runs in bf16 (autocast-free: DeepSpeed's
-bf16 mode keeps the weights in bf16), so MFU is against the **bf16** GEMM peak
-(on this CPU bf16 GEMMs run ~2.2x faster than fp32, both peaks are printed), of the cores the run uses
-(ranks x threads per rank), measured here at 1 thread.
+warm-up steps) and ``metrics.json`` (validation NE). Every configuration runs the dense tower in one precision,
+``--precision`` (default ``auto``: what ``distributed.precision=auto`` chooses on this machine, bf16 where it
+multiplies at least as fast as fp32, printed with both rates; DeepSpeed's bf16 mode keeps the weights in bf16),
+and MFU is against that precision's GEMM peak (both peaks are printed) of the cores the run uses (ranks x threads
+per rank), measured here at 1 thread.
 
 Two clocks, both printed:
 - wall: tokens/s and MFU as a user sees them (only meaningful when the cores are otherwise idle);
@@ -19,7 +20,7 @@ Scaling efficiency = tokens/s(2 ranks x 1 thread) / (2 x tokens/s(1 rank x 1 thr
 global token budget per step (strong scaling: each of 2 ranks gets half of ``--tokens-per-step``).
 Per configuration it also prints where rank 0's step goes (sparse forward, dense forward, backward, optimizer
 step; CPU | wall ms), from ``perf.json`` (``GEMFLOW_PROFILE_DIR=<dir>`` adds a torch.profiler table per rank).
-FP8 vs bf16 at 2 ranks: throughput ratio and NE, and which float8 GEMM ran (on CPU the faster of torch._scaled_mm
+FP8 vs the plain 2-rank run: throughput ratio and NE, and which float8 GEMM ran (on CPU the faster of torch._scaled_mm
 and its bf16 emulation, measured at launch; ``--fp8-cpu-gemm scaled_mm|emulated`` forces one).
 Step account (``distributed.step_account``, on unless ``--no-account``): every rank profiles steps 4-7 and
 splits them into GEMM (the profiler's matmul kernels), attention, embedding lookups, optimizer, communication
@@ -28,11 +29,11 @@ Those profiled steps are left out of the throughput figures.
 Compiled configurations (``distributed.compile=on``: ``models.compile``) run the same steps with the dense
 tower's per-token work compiled by inductor; their first step (compile) is printed apart, and the NE of
 compiled vs eager at the same seed (goal: within 0.2%). ``--only`` picks configurations by name.
-Goals on this 2-core CPU: MFU >= 30% of the bf16 peak at d_model >= 256; scaling efficiency >= 0.8.
+Goals (issue 18): MFU >= 30% of the GEMM peak at d_model >= 256; scaling efficiency >= 0.85.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
 machine (about 2-3 minutes: five launches of ~20-30 s each, the emulated-FP8 one ~40 s).
-Last measured (docs/training-speed.md, shared 2-core Zen 5, CPU clock, median of 3; ``--only`` the two bf16
-configurations, ``--steps 12``): share outside GEMMs, 1 rank, d_model 256 52.7% -> 38.6%, 512 42.7% -> 28.5%;
+Last measured (docs/training-speed.md, shared 2-core Zen 5, bf16, CPU clock, median of 3; ``--only`` the 1- and
+2-rank configurations, ``--steps 12``): share outside GEMMs, 1 rank, d_model 256 52.7% -> 38.6%, 512 42.7% -> 28.5%;
 2 ranks (per rank) 61% -> 49-52% and 48-51% -> 36%; CPU tokens/s 1 rank +20% at both widths; 2-rank scaling
 (CPU) 0.69 -> 0.80 and 0.79 -> 0.86.
 """
@@ -56,20 +57,21 @@ from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
 from models.distributed.launch import launch  # noqa: E402
 from models.distributed.mfu import measure_matmul_peak  # noqa: E402
+from models.distributed.precision import resolve as resolve_precision  # noqa: E402
 from models.distributed.step_account import CATEGORIES  # noqa: E402
 from tests.models.distributed.conftest import write_learnable_set  # noqa: E402
 
 PHASES = ("sparse_forward", "dense_forward", "backward", "optimizer_step")  # the trainer's step phases
 CONFIGS = {  # name -> (nproc, threads per rank, overrides)
-    "1 rank x 1 core, bf16": (1, 1, {}),
-    "2 ranks x 1 core, bf16": (2, 1, {}),  # ZeRO-2, the default
+    "1 rank x 1 core": (1, 1, {}),
+    "2 ranks x 1 core": (2, 1, {}),  # ZeRO-2, the default
     "2 ranks x 1 core, ZeRO-0": (2, 1, {"distributed.zero_stage": "0"}),  # plain data parallel
-    "1 rank x 2 cores, bf16": (1, 2, {}),
+    "1 rank x 2 cores": (1, 2, {}),
     "2 ranks x 1 core, FP8": (2, 1, {"distributed.fp8.recipe": "tensorwise"}),
     "1 rank x 1 core, compiled": (1, 1, {"distributed.compile": "on"}),
     "2 ranks x 1 core, compiled": (2, 1, {"distributed.compile": "on"}),
 }
-COMPILED_VS_EAGER = {"1 rank x 1 core, compiled": "1 rank x 1 core, bf16", "2 ranks x 1 core, compiled": "2 ranks x 1 core, bf16"}  # fmt: skip
+COMPILED_VS_EAGER = {"1 rank x 1 core, compiled": "1 rank x 1 core", "2 ranks x 1 core, compiled": "2 ranks x 1 core"}  # fmt: skip
 
 
 def cpu_model() -> str:
@@ -114,6 +116,7 @@ def run_config(
             "distributed.threads_per_rank": str(threads),
             "distributed.peak_tflops": str(core_peak * nproc * threads),  # the cores this run uses
             "distributed.step_account": str(args.account).lower(),
+            "distributed.precision": args.precision,
             **overrides,
         },
     )
@@ -163,9 +166,20 @@ def main() -> None:
         action="store_false",
         help="no step account (no profiled steps: all steps after warm-up are timed)",
     )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "bf16", "fp32"),
+        help="the dense tower's precision in every configuration (auto: distributed.precision=auto's choice)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--only", nargs="*", default=None, help="subset of the configuration names")
     args = parser.parse_args()
+    if args.only:  # names before the precision became a choice ended in ", bf16"
+        args.only = [name.removesuffix(", bf16") for name in args.only]
+        unknown = sorted(set(args.only) - set(CONFIGS))
+        if unknown:
+            parser.error(f"--only: unknown configuration(s) {unknown}; known: {list(CONFIGS)}")
     logging.basicConfig(level=logging.WARNING)
     root = args.workdir or Path(tempfile.mkdtemp(prefix="gemflow-bench-train-"))
     ws = Workspace(root)
@@ -176,11 +190,16 @@ def main() -> None:
         for dtype in (torch.bfloat16, torch.float32)
         for cpu in (False, True)
     }
-    bf16_wall, bf16_cpu = peaks[(torch.bfloat16, False)], peaks[(torch.bfloat16, True)]
+    args.precision, rates = resolve_precision(args.precision)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    peak_wall, peak_cpu = peaks[(dtype, False)], peaks[(dtype, True)]
     print(f"CPU: {cpu_model()}")
-    print(f"1-core GEMM peak, GFLOP/s per wall second | per CPU second: bf16 {bf16_wall * 1e3:.1f} | "
-          f"{bf16_cpu * 1e3:.1f}, fp32 {peaks[(torch.float32, False)] * 1e3:.1f} | "
-          f"{peaks[(torch.float32, True)] * 1e3:.1f}\nd_model={args.d_model}, {args.layers} layers, {args.steps} steps of "
+    chosen = f"precision {args.precision}"
+    if rates:
+        chosen += f" (auto: one-thread linear bf16 {rates['bf16']:.1f} vs fp32 {rates['fp32']:.1f} GFLOP/s)"
+    print(f"1-core GEMM peak, GFLOP/s per wall second | per CPU second: bf16 {peaks[(torch.bfloat16, False)] * 1e3:.1f} | "
+          f"{peaks[(torch.bfloat16, True)] * 1e3:.1f}, fp32 {peaks[(torch.float32, False)] * 1e3:.1f} | "
+          f"{peaks[(torch.float32, True)] * 1e3:.1f}; {chosen}\nd_model={args.d_model}, {args.layers} layers, {args.steps} steps of "
           f"{args.tokens_per_step} tokens; workspace {root}", flush=True)  # fmt: skip
 
     results = {}
@@ -189,8 +208,8 @@ def main() -> None:
             continue
         if "distributed.fp8.recipe" in overrides:
             overrides = {**overrides, "distributed.fp8.cpu_gemm": args.fp8_cpu_gemm}
-        r = results[name] = run_config(ws, name, nproc, threads, overrides, args, bf16_wall)
-        r["mfu_cpu"] = r["model_tflops_per_cpu_core_second"] / bf16_cpu
+        r = results[name] = run_config(ws, name, nproc, threads, overrides, args, peak_wall)
+        r["mfu_cpu"] = r["model_tflops_per_cpu_core_second"] / peak_cpu
         if threads > 1:  # idle intra-op threads spin: their CPU time is no measure of work (wall only)
             r["mfu_cpu"] = r["tokens_per_critical_cpu_second"] = float("nan")
         print(f"  done: {name}: {r['tokens_per_second']:.0f} tokens/s (wall), "
@@ -214,9 +233,9 @@ def main() -> None:
         parts = [f"{k} {ph.get(f'cpu_{k}', 0) * 1e3:.0f}|{ph.get(f'wall_{k}', 0) * 1e3:.0f}" for k in PHASES]
         print(f"  {name:<26} " + ", ".join(parts))
     print_accounts(results)
-    two = results.get("2 ranks x 1 core, bf16")
-    for name, one_name in (("2 ranks x 1 core, bf16", "1 rank x 1 core, bf16"),
-                           ("2 ranks x 1 core, ZeRO-0", "1 rank x 1 core, bf16"),
+    two = results.get("2 ranks x 1 core")
+    for name, one_name in (("2 ranks x 1 core", "1 rank x 1 core"),
+                           ("2 ranks x 1 core, ZeRO-0", "1 rank x 1 core"),
                            ("2 ranks x 1 core, compiled", "1 rank x 1 core, compiled")):  # fmt: skip
         one = results.get(one_name)
         if one and name in results:
@@ -227,9 +246,9 @@ def main() -> None:
                   f"(goal >= 0.85, issue 18)")  # fmt: skip
     fp8 = results.get("2 ranks x 1 core, FP8")
     if two and fp8:
-        print(f"FP8 / bf16 throughput at 2 ranks: wall {fp8['tokens_per_second'] / two['tokens_per_second']:.2f}x, "
+        print(f"FP8 / {args.precision} throughput at 2 ranks: wall {fp8['tokens_per_second'] / two['tokens_per_second']:.2f}x, "
               f"cpu {fp8['tokens_per_critical_cpu_second'] / two['tokens_per_critical_cpu_second']:.2f}x; "
-              f"valid NE bf16 {two['valid_ne']:.4f} vs FP8 {fp8['valid_ne']:.4f} "
+              f"valid NE {args.precision} {two['valid_ne']:.4f} vs FP8 {fp8['valid_ne']:.4f} "
               f"({(fp8['valid_ne'] / two['valid_ne'] - 1):+.2%}); float8 GEMM: {fp8_gemm_line(fp8)}")  # fmt: skip
     for name, eager_name in COMPILED_VS_EAGER.items():
         if name in results and eager_name in results:
@@ -237,10 +256,10 @@ def main() -> None:
             print(f"compiled / eager, {eager_name}: tokens/s wall {c['tokens_per_second'] / e['tokens_per_second']:.2f}x, "
                   f"cpu {c['tokens_per_critical_cpu_second'] / e['tokens_per_critical_cpu_second']:.2f}x; valid NE "
                   f"{e['valid_ne']:.4f} -> {c['valid_ne']:.4f} ({c['valid_ne'] / e['valid_ne'] - 1:+.2%}, goal within 0.2%)")  # fmt: skip
-    bf16 = [r for name, r in results.items() if "bf16" in name or "compiled" in name]
-    if bf16:
-        print(f"best bf16 MFU: wall {max(r['mfu'] for r in bf16):.1%}, cpu {max(r['mfu_cpu'] for r in bf16):.1%} "
-              f"of the bf16 peak of the cores used (goal >= 30% at d_model >= 256)")  # fmt: skip
+    plain = [r for name, r in results.items() if "FP8" not in name]
+    if plain:
+        print(f"best MFU: wall {max(r['mfu'] for r in plain):.1%}, cpu {max(r['mfu_cpu'] for r in plain):.1%} "
+              f"of the {args.precision} peak of the cores used (goal >= 30% at d_model >= 256)")  # fmt: skip
 
 
 def print_accounts(results: dict) -> None:

@@ -15,6 +15,7 @@ SHARDINGS = ("table_wise", "row_wise")
 SPARSE_COMMS = ("auto", "fp32", "bf16")
 LAUNCHERS = ("torchrun", "deepspeed")
 COMPILE_MODES = ("off", "on", "auto")  # models.compile
+PRECISIONS = ("auto", "bf16", "fp32")  # models.distributed.precision
 
 
 @dataclass
@@ -58,7 +59,9 @@ class DistributedConfig:
     launcher: str = "torchrun"  # "torchrun" | "deepspeed" (the DeepSpeed CLI)
     backend: str = "auto"  # "auto" = nccl on CUDA, gloo on CPU
     zero_stage: int = 2  # DeepSpeed ZeRO stage of the dense tower: 0, 1 or 2
-    precision: str = "bf16"  # "bf16" | "fp32" for the dense tower (embeddings stay fp32)
+    # the dense tower's ("bf16" | "fp32"; embeddings stay fp32); "auto" = bf16 where this machine multiplies bf16
+    # at least as fast as fp32, else fp32 (measured at launch: models.distributed.precision)
+    precision: str = "auto"
     sharding: str = "table_wise"  # embedding sharding across ranks: "table_wise" | "row_wise"
     # precision of the sharded embeddings' all-to-all (lookups forward, their gradients backward), the largest
     # exchange of a step: "auto" = bf16 on GPUs when the tower is bf16 (the lookups are cast to bf16 anyway:
@@ -102,8 +105,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
         raise ValueError(f"distributed.backend must be 'auto', 'gloo' or 'nccl', got {cfg.backend!r}")
     if cfg.zero_stage not in (0, 1, 2):
         raise ValueError(f"distributed.zero_stage must be 0, 1 or 2, got {cfg.zero_stage}")
-    if cfg.precision not in ("bf16", "fp32"):
-        raise ValueError(f"distributed.precision must be 'bf16' or 'fp32', got {cfg.precision!r}")
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"distributed.precision must be one of {PRECISIONS}, got {cfg.precision!r}")
     if cfg.compile not in COMPILE_MODES:
         raise ValueError(f"distributed.compile must be one of {COMPILE_MODES}, got {cfg.compile!r}")
     if cfg.sparse_comm not in SPARSE_COMMS:

@@ -14,11 +14,11 @@ scalar (tensorwise) or (M, 1) / (1, N) (rowwise).
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
 from models.distributed.config import FP8_CPU_GEMMS as CPU_GEMMS  # "auto", "scaled_mm", "emulated"
+from models.distributed.mfu import best_seconds
 
 log = logging.getLogger(__name__)
 PROBE = (256, 256, 256)  # M, K, N: ~1 s of _scaled_mm on the slowest CPU seen, milliseconds elsewhere
@@ -48,21 +48,6 @@ def scaled_mm(a8, b8, scale_a, scale_b, out_dtype, bias=None) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- the choice
-def _seconds(fn, reps: int = 3, give_up: float | None = None) -> float:
-    """Best of ``reps`` calls after a warm-up; a warm-up slower than ``give_up`` seconds is the answer."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    if give_up is not None and first > give_up:
-        return first
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def measure() -> dict[str, float]:
     """GFLOP/s of a bf16 matmul, ``torch._scaled_mm`` and the emulation on the probe shape, at this process's
     threads; measured once per process (a few ms here, ~1 s where ``_scaled_mm`` is the slow one)."""
@@ -76,11 +61,11 @@ def measure() -> dict[str, float]:
         one = torch.tensor(1.0)
         a16, b16 = a.bfloat16(), b.bfloat16().t()
         secs = {
-            "bf16": _seconds(lambda: torch.mm(a16, b16)),
-            "emulated": _seconds(lambda: emulated_scaled_mm(a8, b8, one, one, torch.bfloat16)),
+            "bf16": best_seconds(lambda: torch.mm(a16, b16)),
+            "emulated": best_seconds(lambda: emulated_scaled_mm(a8, b8, one, one, torch.bfloat16)),
         }
         real = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-        secs["scaled_mm"] = _seconds(real, give_up=20 * secs["emulated"])  # a cliff needs no second look
+        secs["scaled_mm"] = best_seconds(real, give_up=20 * secs["emulated"])  # a cliff needs no second look
         _measured = {name: 2 * m * k * n / s / 1e9 for name, s in secs.items()}
     return _measured
 

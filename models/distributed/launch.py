@@ -11,6 +11,7 @@ compiled once, not at every launch.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -73,6 +74,22 @@ def peak_tflops(precision: str) -> float:
     return measure_matmul_peak(dtype, size=1024, seconds=1.0) / 1e12
 
 
+def run_precision(cfg: TrainRunConfig, run_dir: Path) -> str:
+    """``distributed.precision=auto`` made concrete: the precision of the checkpoint a resume continues from,
+    else what this machine multiplies fastest (``models.distributed.precision``)."""
+    from models.distributed.checkpoint import CheckpointStore
+    from models.distributed.precision import resolve
+
+    latest = CheckpointStore(run_dir / "checkpoints", rank=0).latest() if cfg.resume else None
+    if latest is not None and (latest / "state.json").exists():
+        saved = json.loads((latest / "state.json").read_text()).get("precision")
+        if saved:
+            log.info("dense tower precision: %s (resuming %s)", saved, latest.name)
+            return saved
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve("auto", device)[0]
+
+
 def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = None) -> Path:
     """Run the job to completion; returns the run folder (metrics.json, model.pt, checkpoints/)."""
     from models.data import TrainingSetError
@@ -89,6 +106,8 @@ def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = N
             raise TrainingSetError(f"{training_set} is not a training set: {name} is missing")
     run_dir = run_dir_for(cfg, ws).resolve()
     cfg = replace(cfg, training_set=str(training_set))
+    if cfg.distributed.precision == "auto":
+        cfg = replace(cfg, distributed=replace(cfg.distributed, precision=run_precision(cfg, run_dir)))
     if not cfg.distributed.peak_tflops and not torch.cuda.is_available():
         cfg = replace(
             cfg, distributed=replace(cfg.distributed, peak_tflops=peak_tflops(cfg.distributed.precision))

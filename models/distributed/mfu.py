@@ -106,5 +106,21 @@ def measure_matmul_peak(
         torch.set_num_threads(previous)
 
 
+def best_seconds(fn, reps: int = 3, give_up: float | None = None) -> float:
+    """Wall seconds of the fastest of ``reps`` calls after a warm-up; a warm-up slower than ``give_up``
+    seconds is the answer (a cliff needs no second look)."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    if give_up is not None and first > give_up:
+        return first
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def mfu(flops_per_step: float, step_seconds: float, peak_flops: float) -> float:
     return flops_per_step / step_seconds / peak_flops if step_seconds > 0 and peak_flops > 0 else float("nan")

@@ -27,7 +27,7 @@ import os
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,7 @@ from models.distributed.fp8_gemm import figures, set_cpu_gemm, use_cpu_gemm
 from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
+from models.distributed.precision import resolve as resolve_precision
 from models.distributed.sparse import SparseLookup
 from models.distributed.step_account import account
 from models.loop import LoopConfig, LoopState, run_loop
@@ -70,6 +71,7 @@ class RunState(LoopState):
     left_out: int = 0  # trailing examples per epoch too few to give every rank one (logged, never silent)
     replicated_tables: list[str] = field(default_factory=list)  # the rest sharded (checkpoint layout)
     fp8_gemm: str = ""  # the float8 GEMM the run chose: a resume keeps it (the two paths round differently)
+    precision: str = ""  # the dense tower's, "bf16" | "fp32": a resume keeps it (launch.run_precision)
 
 
 class PhaseClock:
@@ -129,6 +131,11 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
         raise ValueError(f"distributed training runs the user model; got model={cfg.model!r}")
     deepspeed.init_distributed(dist_backend=_backend(dc.backend))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if dc.precision == "auto":  # the launcher resolves it; ranks started another way agree on rank 0's choice
+        chosen = [resolve_precision("auto")[0] if rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0)
+        cfg = replace(cfg, distributed=replace(dc, precision=chosen[0]))
+        dc = cfg.distributed
     if "moe" in cfg.user_model.ffn and world % dc.moe.ep_size:
         raise ValueError(f"distributed.moe.ep_size={dc.moe.ep_size} must divide the world size {world}")
     device = (
@@ -256,6 +263,7 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
 
     state.replicated_tables = p.sparse.replicated_tables
     state.fp8_gemm = p.fp8_gemm
+    state.precision = p.cfg.distributed.precision
 
     def write(folder: Path) -> None:
         p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
@@ -279,6 +287,7 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
 
     state = RunState(**json.loads((path / "state.json").read_text()))
     check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
+    check_precision(state.precision, p.cfg.distributed.precision, path)
     if p.device.type == "cpu" and p.fp8_gemm and state.fp8_gemm:
         set_cpu_gemm(state.fp8_gemm)  # what the probe chose now may differ: continue as the run began
         p.fp8_gemm = state.fp8_gemm
@@ -306,6 +315,15 @@ def check_table_split(saved: list[str], current: list[str], path: Path) -> None:
             f"checkpoint {path} holds replicated tables {sorted(saved)} but this run replicates {sorted(current)}: "
             "resume with the distributed.replicate_max_rows it was written with (checkpoints from before "
             "replicated tables existed: 0), or start fresh with resume=false"
+        )
+
+
+def check_precision(saved: str, current: str, path: Path) -> None:
+    """DeepSpeed's bf16 and fp32 engine states differ: a resume runs in the precision it was written in."""
+    if saved and saved != current:
+        raise ValueError(
+            f"checkpoint {path} was written by a {saved} run but this run is {current}: resume with "
+            f"distributed.precision={saved} (or auto), or start fresh with resume=false"
         )
 
 

@@ -28,7 +28,8 @@ def test_forward_and_gradient_match_f_normalize(dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-5 if dtype == torch.float32 else 1e-10, atol=tol)
-    torch.testing.assert_close(a.grad[5], g[5] / 1e-12)  # a clamped row's gradient is g / eps, as F.normalize's
+    # a clamped row's gradient is g / eps, as F.normalize's
+    torch.testing.assert_close(a.grad[5], g[5] / 1e-12)
 
 
 def test_gradcheck_and_a_loss_through_cosines():
