@@ -5,7 +5,7 @@ run the same config and the run records what it used), measures the machine's ma
 config does not give one, and starts N ranks of ``models.distributed.trainer`` with torchrun (default) or the
 DeepSpeed CLI; the ranks never outlive the launcher, however it ends (``models.distributed.orphans``). On a CPU
 machine DeepSpeed runs with ``DS_ACCELERATOR=cpu`` over gloo; on GPUs the same entry point uses NCCL.
-``TORCH_EXTENSIONS_DIR`` points at a kept cache so DeepSpeed's JIT-built CPU ops (shared-memory collectives) are
+``TORCH_EXTENSIONS_DIR`` points at a kept cache so an op DeepSpeed JIT-builds is
 compiled once, not at every launch.
 """
 

@@ -20,6 +20,7 @@ holds the sharded embeddings + their optimizer state, the engine, the step, the 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import math
@@ -119,6 +120,17 @@ def _backend(requested: str) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def skip_shared_memory_all_reduce() -> None:
+    """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce at ``init_distributed``.
+
+    That op serves only ``inference_all_reduce``, which training never calls. Building it is a C++ compile (a
+    minute or two on a fresh machine) under torch's file lock, and a launch killed during the compile leaves the
+    lock behind: every later launch then waited on it forever, printing nothing.
+    """
+    # by module name: the attribute ``deepspeed.comm.torch`` is the torch package (re-exported by a star import)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     import deepspeed
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
@@ -129,6 +141,7 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     validate_distributed(dc, cfg.user_model.ffn, cfg.user_model.num_layers)
     if cfg.model != "user":
         raise ValueError(f"distributed training runs the user model; got model={cfg.model!r}")
+    skip_shared_memory_all_reduce()
     deepspeed.init_distributed(dist_backend=_backend(dc.backend))
     rank, world = dist.get_rank(), dist.get_world_size()
     if dc.precision == "auto":  # the launcher resolves it; ranks started another way agree on rank 0's choice
