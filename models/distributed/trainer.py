@@ -145,7 +145,8 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     deepspeed.init_distributed(dist_backend=_backend(dc.backend))
     rank, world = dist.get_rank(), dist.get_world_size()
     if dc.precision == "auto":  # the launcher resolves it; ranks started another way agree on rank 0's choice
-        chosen = [resolve_precision("auto")[0] if rank == 0 else None]
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        chosen = [resolve_precision("auto", device_type)[0] if rank == 0 else None]
         dist.broadcast_object_list(chosen, src=0)
         cfg = replace(cfg, distributed=replace(dc, precision=chosen[0]))
         dc = cfg.distributed
@@ -599,6 +600,7 @@ def _write_perf(
         # disturbed by other work on a shared machine)
         "critical_cpu_seconds_per_step": [float(c) for c in cpu.max(0)],
         "step_seconds": [float(r["seconds"]) for r in timed],
+        "precision": p.cfg.distributed.precision,  # the dense tower's, as distributed.precision=auto chose
         "fp8_linears": len(p.fp8_modules),
         "fp8_gemm": p.fp8_gemm,  # which float8 GEMM ran, and the probe's GFLOP/s when rank 0 measured it
         "fp8_gemm_gflops": figures() if p.fp8_gemm else None,
