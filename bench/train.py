@@ -57,6 +57,7 @@ from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
 from models.distributed.launch import launch  # noqa: E402
 from models.distributed.mfu import measure_matmul_peak  # noqa: E402
+from models.distributed.precision import dtype_of  # noqa: E402
 from models.distributed.precision import resolve as resolve_precision  # noqa: E402
 from models.distributed.step_account import CATEGORIES  # noqa: E402
 from tests.models.distributed.conftest import write_learnable_set  # noqa: E402
@@ -191,7 +192,7 @@ def main() -> None:
         for cpu in (False, True)
     }
     args.precision, rates = resolve_precision(args.precision)
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    dtype = dtype_of(args.precision)
     peak_wall, peak_cpu = peaks[(dtype, False)], peaks[(dtype, True)]
     print(f"CPU: {cpu_model()}")
     chosen = f"precision {args.precision}"

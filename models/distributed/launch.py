@@ -69,9 +69,9 @@ def command(cfg: TrainRunConfig, config_path: Path, ws: Workspace, run_dir: Path
 def peak_tflops(precision: str) -> float:
     """This machine's dense GEMM peak in the run's precision, on all cores (quick: ~1 s)."""
     from models.distributed.mfu import measure_matmul_peak
+    from models.distributed.precision import dtype_of
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    return measure_matmul_peak(dtype, size=1024, seconds=1.0) / 1e12
+    return measure_matmul_peak(dtype_of(precision), size=1024, seconds=1.0) / 1e12
 
 
 def run_precision(cfg: TrainRunConfig, run_dir: Path) -> str:

@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 PROBE = (1024, 256, 1024)  # tokens, d_model, features: a projection of the tower (~0.1 s in software bf16)
 
 
+def dtype_of(precision: str) -> torch.dtype:
+    """The torch dtype of a resolved precision ("bf16" | "fp32")."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
 def linear_gflops(dtype: torch.dtype, threads: int = 1) -> float:
     """GFLOP/s of ``F.linear`` on the probe shape in ``dtype``, on ``threads`` intra-op threads."""
     m, k, n = PROBE

@@ -49,6 +49,7 @@ from models.distributed.fp8_gemm import figures, set_cpu_gemm, use_cpu_gemm
 from models.distributed.mfu import mfu, user_model_flops
 from models.distributed.model import DenseTower, ShardableSparse, cast_batch, sparse_ids, to_engine
 from models.distributed.moe import export_state_dict, moe_aux_loss, moe_layers, swap_in_moe
+from models.distributed.precision import dtype_of
 from models.distributed.precision import resolve as resolve_precision
 from models.distributed.sparse import SparseLookup
 from models.distributed.step_account import account
@@ -159,7 +160,7 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dtype = torch.bfloat16 if dc.precision == "bf16" else torch.float32
+    dtype = dtype_of(dc.precision)
 
     setup = prepare(cfg, ws)  # seeds every RNG from optim.seed: the same initial model on every rank
     model = setup.bundle.model
