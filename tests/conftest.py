@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import features  # noqa: F401 (first: Feast then imports without typeguard's cost, features.feast_import)
 from gemflow.workspace import Workspace
 
 pytest_plugins = ["tests.ci_strict", "pytester"]
