@@ -5,7 +5,7 @@
 #
 # Two paths, chosen by what the machine has:
 # - full: torchrec + deepspeed + torchao importable -> the real `gemflow train --model user --nproc 1` (NCCL
-#   backend, DeepSpeed ZeRO-2 bf16, torchrec embeddings) on a generated learnable training set, bf16 then FP8
+#   backend, DeepSpeed bf16 (ZeRO stage auto: 0 for this tower), torchrec embeddings) on a generated learnable training set, bf16 then FP8
 #   (torchao tensorwise), reading each run's perf.json (MFU vs the measured bf16 GEMM peak) and metrics.json (NE);
 # - degraded (the stock GPU image: torch + triton only): the dense tower alone (models.layers transformer blocks
 #   over jagged histories, the same FFN/attention Linears FP8 converts) trained on a planted synthetic task,

@@ -16,6 +16,7 @@ SPARSE_COMMS = ("auto", "fp32", "bf16")
 LAUNCHERS = ("torchrun", "deepspeed")
 COMPILE_MODES = ("off", "on", "auto")  # models.compile
 PRECISIONS = ("auto", "bf16", "fp32")  # models.distributed.precision
+ZERO_STAGES = ("auto", "0", "1", "2")  # models.distributed.zero
 
 
 @dataclass
@@ -58,7 +59,9 @@ class DistributedConfig:
     threads_per_rank: int = 0  # 0 = the machine's cores / nproc (ranks share the cores, never oversubscribe)
     launcher: str = "torchrun"  # "torchrun" | "deepspeed" (the DeepSpeed CLI)
     backend: str = "auto"  # "auto" = nccl on CUDA, gloo on CPU
-    zero_stage: int = 2  # DeepSpeed ZeRO stage of the dense tower: 0, 1 or 2
+    # DeepSpeed ZeRO stage of the dense tower: "0", "1" or "2"; "auto" = 0 (plain data parallel) while its optimizer
+    # state fits every rank easily (< 1 GiB), else 2 (models.distributed.zero)
+    zero_stage: str = "auto"
     # the dense tower's ("bf16" | "fp32"; embeddings stay fp32); "auto" = bf16 where this machine multiplies bf16
     # at least as fast as fp32, else fp32 (measured at launch: models.distributed.precision)
     precision: str = "auto"
@@ -91,6 +94,7 @@ class DistributedConfig:
     def __post_init__(self):
         # YAML reads a bare on/off as a boolean (and the str field then holds "True"/"False"): take it as meant
         self.compile = {"true": "on", "false": "off"}.get(str(self.compile).lower(), self.compile)
+        self.zero_stage = str(self.zero_stage)  # YAML and Python callers write the stage as a number
 
 
 def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int) -> None:
@@ -103,8 +107,8 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
         raise ValueError(f"distributed.launcher must be one of {LAUNCHERS}, got {cfg.launcher!r}")
     if cfg.backend not in ("auto", "gloo", "nccl"):
         raise ValueError(f"distributed.backend must be 'auto', 'gloo' or 'nccl', got {cfg.backend!r}")
-    if cfg.zero_stage not in (0, 1, 2):
-        raise ValueError(f"distributed.zero_stage must be 0, 1 or 2, got {cfg.zero_stage}")
+    if str(cfg.zero_stage) not in ZERO_STAGES:
+        raise ValueError(f"distributed.zero_stage must be auto, 0, 1 or 2, got {cfg.zero_stage!r}")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"distributed.precision must be one of {PRECISIONS}, got {cfg.precision!r}")
     if cfg.compile not in COMPILE_MODES:

@@ -34,7 +34,7 @@ def deepspeed_config(cfg: TrainRunConfig, world_size: int) -> dict[str, Any]:
             "params": {"lr": oc.lr, "weight_decay": oc.weight_decay, "torch_adam": True, "fused": True},
         },
         "zero_optimization": {
-            "stage": dc.zero_stage,
+            "stage": int(dc.zero_stage),  # resolved by the trainer (models.distributed.zero)
             "contiguous_gradients": True,
             "overlap_comm": torch.cuda.is_available(),
             "reduce_bucket_size": bucket,

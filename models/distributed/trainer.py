@@ -40,6 +40,7 @@ from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.compile import compile_dense, compile_seconds
 from models.config import TrainRunConfig
+from models.distributed import zero
 from models.distributed.batching import Step, example_costs, plan_epoch
 from models.distributed.checkpoint import CheckpointStore, load_state, save_state, weights_only_engine_loads
 from models.distributed.config import validate_distributed
@@ -74,6 +75,7 @@ class RunState(LoopState):
     replicated_tables: list[str] = field(default_factory=list)  # the rest sharded (checkpoint layout)
     fp8_gemm: str = ""  # the float8 GEMM the run chose: a resume keeps it (the two paths round differently)
     precision: str = ""  # the dense tower's, "bf16" | "fp32": a resume keeps it (launch.run_precision)
+    zero_stage: int | None = None  # the dense tower's: a resume keeps it (None: a checkpoint from before)
 
 
 class PhaseClock:
@@ -132,7 +134,9 @@ def skip_shared_memory_all_reduce() -> None:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
-def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
+def build(cfg: TrainRunConfig, ws: Workspace, resumed: dict | None = None) -> Parts:
+    """Every rank's model, engine and lookups; ``resumed``: the state.json of the checkpoint the run continues
+    from (its ZeRO stage is kept)."""
     import deepspeed
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
@@ -177,9 +181,15 @@ def build(cfg: TrainRunConfig, ws: Workspace) -> Parts:
                           replicate_max_rows=dc.replicate_max_rows, lr=cfg.optim.sparse_lr, comm=comm)  # fmt: skip
     tower.to(device)
 
-    groups = split_params_into_different_moe_groups_for_optimizer(
-        {"params": [p for p in tower.parameters() if p.requires_grad], "name": "dense"}
-    )
+    trained = [p for p in tower.parameters() if p.requires_grad]
+    n_trained = sum(p.numel() for p in trained)
+    stage = zero.resolve(dc.zero_stage, n_trained, world, resumed)
+    if rank == 0 and dc.zero_stage == "auto":
+        log.info("ZeRO stage %d (distributed.zero_stage=auto: %.0f MiB of optimizer state, %d rank(s)%s)", stage,
+                 n_trained * zero.STATE_BYTES_PER_PARAMETER / 2**20, world,
+                 ", as its checkpoint" if resumed is not None else "")  # fmt: skip
+    cfg = replace(cfg, distributed=replace(dc, zero_stage=str(stage)))
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": trained, "name": "dense"})
     engine, *_ = deepspeed.initialize(
         model=tower, model_parameters=groups, config=deepspeed_config(cfg, world)
     )
@@ -279,6 +289,7 @@ def save_checkpoint(p: Parts, store: CheckpointStore, state: RunState) -> Path:
     state.replicated_tables = p.sparse.replicated_tables
     state.fp8_gemm = p.fp8_gemm
     state.precision = p.cfg.distributed.precision
+    state.zero_stage = int(p.cfg.distributed.zero_stage)
 
     def write(folder: Path) -> None:
         p.engine.save_checkpoint(str(folder / "dense"), tag="engine", save_latest=False)
@@ -303,6 +314,7 @@ def load_checkpoint(p: Parts, path: Path) -> RunState:
     state = RunState(**json.loads((path / "state.json").read_text()))
     check_table_split(state.replicated_tables, p.sparse.replicated_tables, path)
     check_precision(state.precision, p.cfg.distributed.precision, path)
+    zero.check(state.zero_stage, int(p.cfg.distributed.zero_stage), path)
     if p.device.type == "cpu" and p.fp8_gemm and state.fp8_gemm:
         set_cpu_gemm(state.fp8_gemm)  # what the probe chose now may differ: continue as the run began
         p.fp8_gemm = state.fp8_gemm
@@ -379,7 +391,8 @@ def schedule(p: Parts) -> tuple[dict[int, list[Step]], int]:
 
 
 def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
-    p = build(cfg, ws)
+    resumes = CheckpointStore(run_dir / "checkpoints", rank=0).latest() if cfg.resume else None
+    p = build(cfg, ws, json.loads((resumes / "state.json").read_text()) if resumes is not None else None)
     dc = cfg.distributed
     rank0 = p.rank == 0
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
@@ -602,6 +615,7 @@ def _write_perf(
         "critical_cpu_seconds_per_step": [float(c) for c in cpu.max(0)],
         "step_seconds": [float(r["seconds"]) for r in timed],
         "precision": p.cfg.distributed.precision,  # the dense tower's, as distributed.precision=auto chose
+        "zero_stage": int(p.cfg.distributed.zero_stage),  # as distributed.zero_stage=auto chose
         "fp8_linears": len(p.fp8_modules),
         "fp8_gemm": p.fp8_gemm,  # which float8 GEMM ran, and the probe's GFLOP/s when rank 0 measured it
         "fp8_gemm_gflops": figures() if p.fp8_gemm else None,

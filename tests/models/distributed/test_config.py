@@ -60,7 +60,8 @@ def test_cli_style_overrides_reach_the_nested_sections():
 @pytest.mark.parametrize(
     ("change", "ffn", "message"),
     [
-        ({"zero_stage": 3}, [], "zero_stage must be 0, 1 or 2"),
+        ({"zero_stage": 3}, [], "zero_stage must be auto, 0, 1 or 2, got 3"),
+        ({"zero_stage": "3"}, [], "zero_stage must be auto, 0, 1 or 2, got '3'"),
         ({"precision": "fp16"}, [], "precision must be one of"),
         ({"sharding": "column_wise"}, [], "sharding must be one of"),
         ({"sparse_comm": "fp8"}, [], "sparse_comm must be one of"),

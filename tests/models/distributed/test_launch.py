@@ -4,7 +4,7 @@
   the same data and step budget, in the same precision (``auto``: this machine's faster one), within 1%;
 - fault tolerance: one rank SIGKILLed mid-training, then a relaunch crashing halfway through writing a
   checkpoint, then a final relaunch: the run resumes from the last committed checkpoint (never the half-written
-  one) and ends on exactly the NE of an unbroken run.
+  one) and ends on exactly the NE of an unbroken run; the same with ``zero_stage=auto`` (plain data parallel).
 """
 
 from __future__ import annotations
@@ -145,6 +145,27 @@ def test_killed_rank_and_crash_mid_checkpoint_resume_to_the_unbroken_result(work
     assert not (ckpt / f".step-{next_step:08d}.tmp").exists()
     assert resumed["valid_ne"] == pytest.approx(unbroken_full["valid_ne"], rel=1e-9, abs=0)
     assert resumed["test_ne"] == pytest.approx(unbroken_full["test_ne"], rel=1e-9, abs=0)
+
+
+def test_auto_zero_stage_runs_plain_data_parallel_and_resumes_it_exactly(workspace_root):
+    """``distributed.zero_stage=auto`` takes ZeRO-0 for this small tower; a run that crashes while writing a
+    checkpoint resumes from the committed one (ZeRO-0's whole optimizer state on every rank) to the NE of an
+    unbroken run, and its checkpoints record the stage a resume must keep."""
+    short = {"distributed.max_steps": 24}
+    unbroken = gemflow_train(workspace_root, "auto-unbroken", 2, short)
+    assert json.loads((workspace_root / "auto-unbroken" / "perf.json").read_text())["zero_stage"] == 0
+    proc = gemflow_train(
+        workspace_root, "auto-faults", 2, short, env={CRASH_IN_CHECKPOINT: "0:20"}, background=True
+    )
+    assert proc.wait(timeout=1500) != 0
+    ckpt = workspace_root / "auto-faults" / "checkpoints"
+    committed = (ckpt / "latest").read_text()
+    assert committed < "step-00000020"
+    assert json.loads((ckpt / committed / "state.json").read_text())["zero_stage"] == 0
+    resumed = gemflow_train(workspace_root, "auto-faults", 2, short)
+    assert f"resumed from {committed}" in (workspace_root / "auto-faults.log").read_text()
+    assert resumed["valid_ne"] == pytest.approx(unbroken["valid_ne"], rel=1e-9, abs=0)
+    assert resumed["test_ne"] == pytest.approx(unbroken["test_ne"], rel=1e-9, abs=0)
 
 
 def test_a_lock_left_by_a_killed_extension_build_does_not_hang_a_launch(workspace_root, tmp_path):

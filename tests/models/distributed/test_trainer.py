@@ -14,7 +14,9 @@ from models.distributed.trainer import PERF_WARMUP_STEPS, _write_perf
 def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
     p = SimpleNamespace(
         world=2,
-        cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5, compile="off", precision="fp32")),
+        cfg=SimpleNamespace(
+            distributed=SimpleNamespace(peak_tflops=0.5, compile="off", precision="fp32", zero_stage="0")
+        ),
         fp8_modules=[],
         fp8_gemm="",
         tower=nn.Linear(2, 2),
@@ -25,7 +27,7 @@ def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
     cpu_by_rank = [warm + [1.0, 3.0], warm + [2.0, 1.0]]
     _write_perf(p, tmp_path, stats, cpu_by_rank)
     perf = json.loads((tmp_path / "perf.json").read_text())
-    assert perf["steps_timed"] == 2 and perf["precision"] == "fp32"
+    assert perf["steps_timed"] == 2 and perf["precision"] == "fp32" and perf["zero_stage"] == 0
     assert perf["tokens_per_second"] == pytest.approx(200 / 4.0)
     assert perf["mfu"] == pytest.approx(2e12 / 4.0 / 0.5e12)
     assert perf["critical_cpu_seconds"] == pytest.approx(2.0 + 3.0)  # rank 1 is slower at step 1, rank 0 at 2
@@ -38,7 +40,9 @@ def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
 def test_profiled_steps_leave_the_throughput_and_every_ranks_account_is_kept(tmp_path):
     p = SimpleNamespace(
         world=2,
-        cfg=SimpleNamespace(distributed=SimpleNamespace(peak_tflops=0.5, compile="on", precision="bf16")),
+        cfg=SimpleNamespace(
+            distributed=SimpleNamespace(peak_tflops=0.5, compile="on", precision="bf16", zero_stage="2")
+        ),
         fp8_modules=[],
         fp8_gemm="",
         tower=nn.Linear(2, 2),
