@@ -21,6 +21,28 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 
+# The longest test files (minutes each on 2 cores), run first: under `make test` (pytest-xdist, 2 workers, whole
+# files per worker) one worker starts the platform's pipeline pass at once while the other takes the rest,
+# instead of it starting last and running alone.
+LONGEST_FIRST = (
+    "tests/platform/",
+    "tests/dags/test_pipeline_dags.py",
+    "tests/models/distributed/test_launch.py",
+    "tests/models/registry/test_lineage.py",
+    "tests/serving/test_rollout.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next(
+            (i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+            len(LONGEST_FIRST),
+        )
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
