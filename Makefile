@@ -58,12 +58,13 @@ up: setup
 down:
 	$(VENV)/bin/gemflow down -w $(GEMFLOW_HOME)
 
-# Two pytest workers, whole files each (module fixtures stay in one process): the suite leaves a core idle
-# waiting on services and subprocesses about half the time.
+# Two pytest workers, whole files each (module fixtures stay in one process), in collection order (tests/conftest.py
+# puts the longest files first; xdist would otherwise start the files with the most tests first and the one-test
+# platform file last, alone): the suite leaves a core idle waiting on services and subprocesses much of the time.
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q -m "not integration"
