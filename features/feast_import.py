@@ -10,7 +10,6 @@ cached module; this does the same for typeguard only. Feast is the only package 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 
@@ -19,13 +18,11 @@ def _unchecked(target: Any = None, **_options: Any) -> Any:
     return target if target is not None else _unchecked
 
 
-def skip_typeguard_instrumentation() -> Callable[..., Any] | None:
-    """Replace ``typeguard.typechecked`` by a pass-through, before Feast binds it; returns the original (None when
-    typeguard is not installed). Modules already imported keep what they bound."""
+def skip_typeguard_instrumentation() -> None:
+    """Replace ``typeguard.typechecked`` by a pass-through, before Feast binds it (modules already imported keep
+    what they bound; nothing to do without typeguard)."""
     try:
         import typeguard
     except ImportError:
-        return None
-    original = typeguard.typechecked
+        return
     typeguard.typechecked = _unchecked
-    return original
