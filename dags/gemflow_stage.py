@@ -65,7 +65,6 @@ class Embedded:
     calibration_low: float
     calibration_high: float
     endpoint_port: int
-    raw_logs_poke_seconds: int  # how often the ingest's sensor looks for the day's raw logs
 
     @classmethod
     def from_env(cls) -> Embedded:
@@ -86,7 +85,6 @@ class Embedded:
             calibration_low=float(env("GEMFLOW_CALIBRATION_LOW", "0.8")),
             calibration_high=float(env("GEMFLOW_CALIBRATION_HIGH", "1.25")),
             endpoint_port=int(env("GEMFLOW_ENDPOINT_PORT", "8080")),
-            raw_logs_poke_seconds=int(env("GEMFLOW_RAW_LOGS_POKE_SECONDS", "30")),
         )
 
 
@@ -316,8 +314,7 @@ def _attach_metadata(extra: dict) -> None:
 
 
 def raw_logs_sensor(day: str = "{{ ds }}"):
-    """Waits (rescheduling, not holding a slot) until the raw events partition of ``day`` has landed, looking
-    every ``GEMFLOW_RAW_LOGS_POKE_SECONDS`` (30; ``gemflow up`` sets its ``raw_logs_poke_seconds``).
+    """Waits (rescheduling, not holding a slot) until the raw events partition of ``day`` has landed.
 
     Local mode only: the workspace is on this machine. A cluster's ingest runs on the landing zone's schedule."""
     s = StageSettings.from_env()
@@ -325,15 +322,14 @@ def raw_logs_sensor(day: str = "{{ ds }}"):
         return None
     from airflow.providers.standard.sensors.python import PythonSensor
 
-    poke = Embedded.from_env().raw_logs_poke_seconds
     return PythonSensor(
         task_id="wait_for_raw_logs",
         python_callable=_raw_landed,
         op_args=[s.workspace, day],
         mode="reschedule",
-        poke_interval=poke,
+        poke_interval=30,
         timeout=dt.timedelta(hours=12).total_seconds(),
-        doc_md=f"Waits for `raw/events/date=<day>` under the workspace (`{s.workspace}`), rescheduling every {poke} s.",
+        doc_md=f"Waits for `raw/events/date=<day>` under the workspace (`{s.workspace}`), rescheduling every 30 s.",
     )
 
 

@@ -61,7 +61,6 @@ class PlatformConfig:
     parallelism: int = 2  # LocalExecutor task slots (each stage is itself multi-process on 2 cores)
     api_workers: int = 1
     dag_refresh_seconds: int = 30  # how often the DAG processor rescans dags/
-    raw_logs_poke_seconds: int = 30  # how often the ingest DAG's sensor looks for a day's raw logs
     start_timeout: float = 600.0  # per service, until it answers (minutes on 2 busy cores)
     stop_timeout: float = 30.0  # TERM -> KILL grace per process group
     unpause: bool = True  # new DAGs start unpaused: the pipeline runs itself
@@ -353,7 +352,6 @@ class Platform:
             GEMFLOW_USER_CONFIG=_repo_path(c.user_config),
             GEMFLOW_RANKER_CONFIG=_repo_path(c.ranker_config),
             GEMFLOW_NPROC=str(c.nproc),
-            GEMFLOW_RAW_LOGS_POKE_SECONDS=str(c.raw_logs_poke_seconds),
             GEMFLOW_CALIBRATION_LOW=str(c.calibration_low),
             GEMFLOW_CALIBRATION_HIGH=str(c.calibration_high),
         )

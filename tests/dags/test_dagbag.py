@@ -15,7 +15,6 @@ for dag_id, dag in bag.dags.items():
         "outlets": sorted(o.name for t in dag.tasks for o in t.outlets),
         "catchup": dag.catchup,
         "timetable": type(dag.timetable).__name__,
-        "pokes": {{t.task_id: t.poke_interval for t in dag.tasks if hasattr(t, "poke_interval")}},
     }}
 print(json.dumps(out))
 """
@@ -40,19 +39,8 @@ def test_dags_import_without_errors(tmp_path):
         assert ingest["catchup"] is False
         assert ingest["timetable"] == "CronDataIntervalTimetable"
 
-        if mode == "local":
-            assert ingest["pokes"] == {"wait_for_raw_logs": 30}
-
-    env = airflow_env(
-        tmp_path,
-        GEMFLOW_LANDING="synthetic",
-        GEMFLOW_START_DATE="2026-03-01",
-        GEMFLOW_RAW_LOGS_POKE_SECONDS="5",
-    )
+    env = airflow_env(tmp_path, GEMFLOW_LANDING="synthetic", GEMFLOW_START_DATE="2026-03-01")
     out = run_airflow_python(DAGBAG, env)
     assert out["errors"] == {}, out["errors"]
-    assert out["dags"]["gemflow_ingest"]["pokes"] == {
-        "wait_for_raw_logs": 5
-    }  # gemflow up's raw_logs_poke_seconds
     assert out["dags"]["gemflow_land"]["outlets"] == ["gemflow.raw_logs"]
     assert out["dags"]["gemflow_land"]["catchup"] is out["dags"]["gemflow_ingest"]["catchup"] is True
