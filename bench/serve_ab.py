@@ -34,10 +34,18 @@ from tests.serving.world import HEALTHY_USERS, REQUEST_TS  # noqa: E402
 
 
 def server_process(port: int) -> psutil.Process:
-    for conn in psutil.net_connections("tcp"):
-        if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN" and conn.pid:
-            return psutil.Process(conn.pid)
-    raise SystemExit(f"error: no process listens on 127.0.0.1:{port}")
+    """The server on ``port``: the process listening there, or, where several listen (``server_processes`` > 1),
+    their supervisor (``cpu_seconds`` counts its children)."""
+    pids = {c.pid for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == "LISTEN" and c.pid}  # fmt: skip
+    if not pids:
+        raise SystemExit(f"error: no process listens on 127.0.0.1:{port}")
+    if len(pids) == 1:
+        return psutil.Process(pids.pop())
+    parents = {psutil.Process(pid).ppid() for pid in pids}
+    if len(parents) != 1:
+        raise SystemExit(f"error: processes {sorted(pids)} listen on port {port} with no common parent")
+    return psutil.Process(parents.pop())
 
 
 def burst(

@@ -105,6 +105,9 @@ class ServingConfig:
     expected_user_model_version: str = ""
     host: str = "127.0.0.1"  # loopback by default; the chart binds 0.0.0.0 inside the pod
     http_port: int = 8080
+    # > 1: this many whole server processes share the listening socket, each with its own event loop, store reads
+    # and scoring (no GIL shared by concurrent requests; serving.server_processes). Limits apply per process.
+    server_processes: int = 1
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     connections: ConnectionConfig = field(default_factory=ConnectionConfig)
@@ -147,6 +150,10 @@ class ServingConfig:
             raise ValueError(
                 f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"
             )
+        if self.server_processes < 1:
+            raise ValueError(f"server_processes must be >= 1, got {self.server_processes}")
+        if self.server_processes > 1 and sc.processes > 0:
+            raise ValueError("server_processes > 1 and scoring.processes > 0 do not combine: choose one")
         if sc.processes < 0:
             raise ValueError(f"scoring.processes must be >= 0 (0 = scoring threads), got {sc.processes}")
         if min(sc.batch_size, sc.feature_workers, sc.workers, sc.torch_threads) < 1:

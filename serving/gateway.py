@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 
 import orjson
 
-from serving import v2
+from serving import stats, v2
 from serving.auth import Tokens, bearer_ok
 from serving.config import ConnectionConfig, ServingConfig
 from serving.predictor import RankerPredictor
@@ -94,6 +95,10 @@ class Gateway:
         if too_many:
             await self._refuse(reply, scope, 431, too_many, CLOSE)
             return "other"
+        if path == "/metrics" and method == "GET" and stats.multiprocess():  # every server process's metrics
+            body, content_type = stats.exposition()
+            await reply.body(200, body, [(b"content-type", content_type.encode())])
+            return "metrics"
         if path in _OPEN_ROUTES:
             await self._pass(scope, receive, reply)
             return _OPEN_ROUTES[path]
@@ -173,7 +178,7 @@ class Gateway:
             p = self.predictor
             # the protocol's statistics extension shape, then ours
             protocol = p.stats.model_stats(p.name, p.served.version)
-            ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot()}
+            ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot(), "pid": os.getpid()}
             return await reply.json(200, {**protocol, **detail, **ours})
         if not self.predictor.ready:  # unloaded through the (token-guarded) repository extension
             return await reply.json(503, {"error": f"model {self.predictor.name!r} is not loaded"})

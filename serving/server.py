@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+from collections.abc import Callable
 
 import kserve
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
@@ -32,7 +34,8 @@ class GemflowModelServer(kserve.ModelServer):
         super().__init__(http_port=cfg.http_port, enable_grpc=False, workers=1, enable_latency_logging=False)
         self.cfg, self.app = cfg, app
 
-    def start(self, models) -> None:
+    def start(self, models, sock: socket.socket | None = None) -> None:
+        """Serve ``models``, on ``sock`` when given (a socket shared by several server processes)."""
         self._register_and_check_atleast_one_model_is_ready(models)
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
                           self.http_port, workers=1, grace_period=self.grace_period)  # fmt: skip
@@ -41,11 +44,17 @@ class GemflowModelServer(kserve.ModelServer):
         for key, value in uvicorn_settings(self.cfg.connections).items():
             setattr(rest.config, key, value)
         self._rest_server = rest
-        self.servers.append(rest.start())
+        self.servers.append(rest.start() if sock is None else _serve_on(rest, sock))
         self.setup_event_loop()
         self.register_signal_handler()
         log.info("serving %s on http://%s:%d", [m.name for m in models], self.cfg.host, self.http_port)
         asyncio.run(self._serve())
+
+
+async def _serve_on(rest: RESTServer, sock: socket.socket) -> None:
+    """``RESTServer.start`` on an already bound socket (its uvicorn server takes one; KServe does not pass it)."""
+    rest.create_application()
+    await rest._server.serve(sockets=[sock])
 
 
 def _log_to_stderr() -> None:
@@ -59,21 +68,27 @@ def _log_to_stderr() -> None:
         root.propagate = False
 
 
-def serve(cfg: ServingConfig, ws: Workspace) -> None:
-    """Load the ranker and block serving HTTP on ``cfg.host:cfg.http_port``."""
+def serve(cfg: ServingConfig, ws: Workspace, listen: Callable[[], socket.socket] | None = None) -> None:
+    """Load the ranker and block serving HTTP on ``cfg.host:cfg.http_port``, or, as one of several server
+    processes, on the socket ``listen`` returns once the model is loaded; with ``cfg.server_processes`` > 1,
+    supervise that many (``serving.server_processes``)."""
+    _log_to_stderr()
+    tokens = Tokens.from_env(cfg.admin.repository_api)  # refuse a bad auth setup before loading anything
+    if cfg.server_processes > 1:
+        from serving.server_processes import Supervisor
+
+        return Supervisor(cfg, ws.root).run()
     from kserve import model_server
 
     from serving.gateway import Gateway
-
-    _log_to_stderr()
     from serving.pauses import freeze_heap
     from serving.predictor import RankerPredictor
 
-    tokens = Tokens.from_env(cfg.admin.repository_api)  # refuse a bad auth setup before loading anything
     predictor = RankerPredictor(cfg, ws)
     predictor.load()
     frozen = freeze_heap()  # what loading left alive is never walked by a collection again (serving.pauses)
     log.info("%d objects frozen out of garbage collection", frozen)
+    sock = None if listen is None else listen()
     if tokens.inference is None:
         log.info("inference routes are open (set $GEMFLOW_SERVING_TOKEN to require a bearer token)")
-    GemflowModelServer(cfg, Gateway(model_server.app, predictor, cfg, tokens)).start([predictor])
+    GemflowModelServer(cfg, Gateway(model_server.app, predictor, cfg, tokens)).start([predictor], sock)

@@ -1,13 +1,20 @@
 """Serving counters: Prometheus metrics (scraped at ``/metrics`` next to KServe's own) and a JSON snapshot
-(``GET /v2/models/{name}/stats``) for humans, tests and the load bench."""
+(``GET /v2/models/{name}/stats``) for humans, tests and the load bench.
+
+The metrics are the only record: the snapshot is read back from them. With ``server_processes`` > 1 every server
+process writes them to the shared ``$PROMETHEUS_MULTIPROC_DIR`` (``serving.server_processes``), and the snapshot
+and ``/metrics`` of any process sum them over all of them: a client counts what the whole server answered, whichever
+process it reached.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
-from collections import Counter
 
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Gauge, generate_latest
 from prometheus_client import Counter as PromCounter
-from prometheus_client import Gauge
+from prometheus_client.multiprocess import MultiProcessCollector
 
 REQUESTS = PromCounter("gemflow_ranker_requests", "Ranking requests by outcome", ["outcome"])
 FALLBACKS = PromCounter("gemflow_ranker_fallbacks", "Degraded answers by reason", ["reason"])
@@ -17,69 +24,125 @@ VERSION_MISMATCH = PromCounter(
 UNKNOWN_ADS = PromCounter("gemflow_ranker_unknown_ads", "Candidates missing from the in-process ad table")
 RESPONSES = PromCounter(
     "gemflow_ranker_http_responses",
-    "Every HTTP response of the serving process by route and status",
+    "Every HTTP response of the server by route and status",
     ["route", "code"],
 )
 SHED = PromCounter(
     "gemflow_ranker_shed", "Requests refused or cancelled without an answer, by reason", ["reason"]
 )
+ANSWERED = PromCounter("gemflow_ranker_answered", "Ranking requests answered with scores (200)")
+PHASE_MS = PromCounter(
+    "gemflow_ranker_phase_ms", "Summed wall milliseconds of answered requests per phase", ["phase"]
+)
+# (multiprocess_mode: how the server processes' values combine; ignored with one process)
 STORE_UP = Gauge(
-    "gemflow_ranker_feature_store_up", "1 when the last online-store read succeeded in its budget"
+    "gemflow_ranker_feature_store_up",
+    "1 when the last online-store read succeeded in its budget (the worst server process)",
+    multiprocess_mode="livemin",
 )
 DEGRADED = Gauge(
     "gemflow_ranker_degraded_fraction",
-    "Share of degraded answers among the last ~1,000 (exponential average)",
+    "Share of degraded answers among the last ~1,000 (exponential average; the worst server process)",
+    multiprocess_mode="livemax",
 )
 DEGRADED_ALPHA = 1e-3  # ~1,000-answer memory: one bad second at 100 req/s shows, a single outlier does not
+
+
+def multiprocess() -> bool:
+    """Whether this process is one of several server processes sharing their metrics."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def registry() -> CollectorRegistry:
+    """The metrics of the whole server: this process's, or every server process's summed."""
+    if not multiprocess():
+        return REGISTRY
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged)
+    return merged
+
+
+def exposition() -> tuple[bytes, str]:
+    """``/metrics`` of the whole server: the body (Prometheus text format) and its content type."""
+    return generate_latest(registry()), CONTENT_TYPE_LATEST
 
 
 class ServingStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.outcomes: Counter[str] = Counter()
-        self.fallbacks: Counter[str] = Counter()
-        self.version_mismatches = 0
-        self.unknown_ads = 0
-        self.responses: Counter[str] = Counter()
-        self.shed: Counter[str] = Counter()
-        self.degraded_fraction = 0.0
-        self.store_up = False
-        self.phase_ms: Counter[str] = Counter()  # summed wall ms per phase of answered requests
-        self.answered = 0
+        self._degraded = 0.0  # this process's exponential average (DEGRADED)
 
     def request(self, outcome: str) -> None:
         """One answered ranking request: ``ok`` / ``degraded`` (sent 200), ``rejected`` (4xx)."""
         REQUESTS.labels(outcome=outcome).inc()
-        with self._lock:
-            self.outcomes[outcome] += 1
-            if outcome in ("ok", "degraded"):
-                hit = float(outcome == "degraded")
-                self.degraded_fraction += DEGRADED_ALPHA * (hit - self.degraded_fraction)
-                DEGRADED.set(self.degraded_fraction)
+        if outcome in ("ok", "degraded"):
+            with self._lock:
+                self._degraded += DEGRADED_ALPHA * (float(outcome == "degraded") - self._degraded)
+                DEGRADED.set(self._degraded)
 
     def response(self, route: str, code: int) -> None:
         RESPONSES.labels(route=route, code=str(code)).inc()
-        with self._lock:
-            self.responses[f"{route} {code}"] += 1
 
     def shed_one(self, reason: str) -> None:
         SHED.labels(reason=reason).inc()
-        with self._lock:
-            self.shed[reason] += 1
 
     def phases(self, **ms: float) -> None:
         """One answered request's wall time per phase (parse, features, build, score, encode, total)."""
-        with self._lock:
-            self.answered += 1
-            self.phase_ms.update(ms)
+        ANSWERED.inc()
+        for phase, value in ms.items():
+            PHASE_MS.labels(phase=phase).inc(value)
+
+    def store(self, up: bool) -> None:
+        STORE_UP.set(float(up))
+
+    def fallback(self, reason: str) -> None:
+        FALLBACKS.labels(reason=reason.split(":", 1)[0]).inc()  # bounded label set: the reason's kind
+
+    def version_mismatch(self) -> None:
+        VERSION_MISMATCH.inc()
+
+    def unknown(self, count: int) -> None:
+        if count:
+            UNKNOWN_ADS.inc(count)
+
+    def snapshot(self) -> dict:
+        """The whole server's counts, read back from the metrics."""
+        samples: dict[str, list] = {}
+        for family in registry().collect():
+            if family.name.startswith("gemflow_ranker_"):
+                samples[family.name] = [s for s in family.samples if not s.name.endswith("_created")]
+
+        def by(
+            name: str, *labels: str
+        ) -> dict[str, float]:  # label values joined by a space ("v1_predict 200")
+            return {" ".join(s.labels[k] for k in labels): s.value for s in samples.get(name, [])}
+
+        def count(name: str, *labels: str) -> dict[str, int]:
+            return {k: int(v) for k, v in by(name, *labels).items()}
+
+        def one(name: str) -> float:
+            return sum(s.value for s in samples.get(name, []))
+
+        return {
+            "requests": count("gemflow_ranker_requests", "outcome"),
+            "fallbacks": count("gemflow_ranker_fallbacks", "reason"),
+            "embedding_version_mismatches": int(one("gemflow_ranker_embedding_version_mismatch")),
+            "unknown_ads": int(one("gemflow_ranker_unknown_ads")),
+            "responses": count("gemflow_ranker_http_responses", "route", "code"),
+            "shed": count("gemflow_ranker_shed", "reason"),
+            "degraded_fraction": round(one("gemflow_ranker_degraded_fraction"), 6),
+            "feature_store_up": bool(one("gemflow_ranker_feature_store_up")),
+            "answered": int(one("gemflow_ranker_answered")),
+            "phase_ms_sum": {k: round(v, 3) for k, v in by("gemflow_ranker_phase_ms", "phase").items()},
+        }
 
     def model_stats(self, name: str, version: str) -> dict:
         """The Open Inference Protocol statistics extension's shape (as Triton answers
         ``GET /v2/models/{name}/stats``): counts and summed nanoseconds per phase."""
-        with self._lock:
-            ns = {k: int(v * 1e6) for k, v in self.phase_ms.items()}
-            n = self.answered
-            failed = sum(v for k, v in self.outcomes.items() if k not in ("ok", "degraded"))
+        snap = self.snapshot()
+        ns = {k: int(v * 1e6) for k, v in snap["phase_ms_sum"].items()}
+        n = snap["answered"]
+        failed = sum(v for k, v in snap["requests"].items() if k not in ("ok", "degraded"))
         d = lambda count, key: {"count": count, "ns": ns.get(key, 0)}  # noqa: E731
         return {"model_stats": [{
             "name": name, "version": version, "inference_count": n, "execution_count": n,
@@ -89,39 +152,3 @@ class ServingStats:
                 "compute_infer": d(n, "score"), "compute_output": d(n, "encode"),
             },
         }]}  # fmt: skip
-
-    def store(self, up: bool) -> None:
-        self.store_up = up
-        STORE_UP.set(float(up))
-
-    def fallback(self, reason: str) -> None:
-        key = reason.split(":", 1)[0]  # bounded label set: the reason's kind, not its message
-        FALLBACKS.labels(reason=key).inc()
-        with self._lock:
-            self.fallbacks[key] += 1
-
-    def version_mismatch(self) -> None:
-        VERSION_MISMATCH.inc()
-        with self._lock:
-            self.version_mismatches += 1
-
-    def unknown(self, count: int) -> None:
-        if count:
-            UNKNOWN_ADS.inc(count)
-            with self._lock:
-                self.unknown_ads += count
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return {
-                "requests": dict(self.outcomes),
-                "fallbacks": dict(self.fallbacks),
-                "embedding_version_mismatches": self.version_mismatches,
-                "unknown_ads": self.unknown_ads,
-                "responses": dict(self.responses),
-                "shed": dict(self.shed),
-                "degraded_fraction": round(self.degraded_fraction, 6),
-                "feature_store_up": self.store_up,
-                "answered": self.answered,
-                "phase_ms_sum": {k: round(v, 3) for k, v in self.phase_ms.items()},
-            }

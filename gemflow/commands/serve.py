@@ -35,12 +35,16 @@ def register(app: typer.Typer) -> None:
         from serving.config import ServingConfig
         from serving.model_source import ModelLoadError
         from serving.server import serve
+        from serving.server_processes import StartFailed
 
         cfg = config(ServingConfig, cfg_path, overrides, host=host, http_port=http_port, model_uri=model_uri)
         try:
             serve(cfg, workspace(ws))
         except (ModelLoadError, AuthError) as err:
             raise typer.BadParameter(str(err)) from err
+        except StartFailed as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(code=1) from err
 
     @app.command("rank")
     def rank_cmd(

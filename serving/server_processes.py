@@ -1,0 +1,131 @@
+"""``server_processes`` > 1: several whole server processes behind one listening socket (prefork).
+
+Why: one server process scores concurrent requests on threads that share its GIL; every request's Python (HTTP,
+parsing, the Feast read, tensor building) waits for it, and the hand-offs between threads cost context switches.
+On 2 cores under 4 closed-loop clients one process left ~20% of the CPU idle. N processes each with its own event
+loop, store reads and scoring share nothing but the socket: the kernel hands each new connection to whichever
+process accepts it first (docs/serving-speed.md, round 6).
+
+The supervisor (``gemflow serve``'s own process) binds the socket, points ``$PROMETHEUS_MULTIPROC_DIR`` at a fresh
+folder so that ``/metrics`` and the stats of any process count the whole server (``serving.stats``), starts the
+processes (``spawn``: each loads the model itself) and restarts one that dies. SIGTERM / SIGINT stop them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from serving.config import ServingConfig
+
+log = logging.getLogger(__name__)
+RESTART_BACKOFF_S = 5.0  # a process that keeps dying is restarted at most this often
+STOP_GRACE_S = 30.0
+
+
+class StartFailed(RuntimeError):
+    """The server processes cannot start: the port is taken, or one exited before its model was loaded."""
+
+
+def bind(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A TCP socket on ``host:port`` with SO_REUSEPORT: every server process listens on one of its own and the kernel
+    spreads new connections over them by their addresses (one shared socket gave nearly all of them to whichever
+    process was awake first: 7 of 8). The supervisor's, never listening, holds the port for the server's life."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto named: asyncio sets TCP_NODELAY only on accepted sockets whose proto is IPPROTO_TCP (with the default
+    # 0, every small response waited ~40 ms for the client's delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise StartFailed(f"cannot listen on {host}:{port}: {err.strerror}") from err
+    if listen:
+        sock.listen(2048)
+    return sock
+
+
+def listen(cfg: ServingConfig, loaded) -> socket.socket:
+    """A loaded server process's own listening socket (only now: the kernel would queue connections to a process
+    still loading its model), and the supervisor told it is up."""
+    sock = bind(cfg.host, cfg.http_port)
+    loaded.set()
+    return sock
+
+
+def _child(cfg: ServingConfig, ws_root: str, loaded) -> None:
+    from gemflow.workspace import Workspace
+    from serving.auth import AuthError
+    from serving.model_source import ModelLoadError
+    from serving.server import serve
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the supervisor; it stops us
+    try:
+        serve(cfg, Workspace(Path(ws_root)), listen=lambda: listen(cfg, loaded))
+    except (ModelLoadError, AuthError, StartFailed) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+class Supervisor:
+    def __init__(self, cfg: ServingConfig, ws_root: Path):
+        self.cfg = replace(cfg, server_processes=1)  # what each process runs: one server
+        self.count, self.ws_root = cfg.server_processes, str(ws_root)
+        self.stopping = threading.Event()
+        self.ctx = mp.get_context("spawn")
+
+    def _start(self) -> tuple[mp.Process, object]:
+        """A started server process and the event it sets once it listens (its model loaded)."""
+        loaded = self.ctx.Event()
+        proc = self.ctx.Process(target=_child, args=(self.cfg, self.ws_root, loaded), name="gemflow-server")
+        proc.start()
+        return proc, loaded
+
+    def run(self) -> None:
+        """Serve until SIGTERM / SIGINT; returns once every server process has exited."""
+        from prometheus_client import multiprocess
+
+        port = bind(self.cfg.host, self.cfg.http_port, listen=False)
+        with tempfile.TemporaryDirectory(prefix="gemflow-metrics-") as metrics_dir:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # inherited by the spawned processes
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stopping.set())
+            procs = [self._start() for _ in range(self.count)]
+            log.info("%d server processes on http://%s:%d: %s", self.count, self.cfg.host,
+                     self.cfg.http_port, [p.pid for p, _ in procs])  # fmt: skip
+            try:
+                while not self.stopping.wait(RESTART_BACKOFF_S):
+                    for i, (proc, loaded) in enumerate(procs):
+                        if proc.is_alive():
+                            continue
+                        if not loaded.is_set():
+                            raise StartFailed(f"a server process exited (code {proc.exitcode}) before it "
+                                              "listened: see its error above")  # fmt: skip
+                        multiprocess.mark_process_dead(proc.pid)  # its gauges leave the sums; counters stay
+                        procs[i] = self._start()
+                        log.warning("server process %d exited (code %s); started %d", proc.pid, proc.exitcode,
+                                    procs[i][0].pid)  # fmt: skip
+            finally:
+                self._stop([p for p, _ in procs])
+                port.close()
+
+    @staticmethod
+    def _stop(procs: list[mp.Process]) -> None:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(STOP_GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
