@@ -62,7 +62,7 @@ def test_two_server_processes_count_as_one_and_a_dead_one_is_replaced(world, tmp
         dying = psutil.Process(victim)
         supervisor = dying.parent()
         os.kill(victim, signal.SIGKILL)
-        dying.wait(10)  # (a connection the kernel queued on its socket before it closed is reset: a crash's cost)
+        dying.wait(10)  # (connections queued on its socket when it died are reset: a crash's cost)
         assert _rank(base, 10) == [200] * 10  # the other process answers meanwhile
         now = _pids_answering(base, 2, timeout=180)
         assert len(now) == 2 and victim not in now, f"{victim} not replaced: {now}"
