@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from serving.client import get, post, v1_body
+from serving.config import ScoringConfig, ServingConfig
 from tests.serving.conftest import SERVER_SETTINGS
 from tests.serving.world import HEALTHY_USERS, MODEL, REQUEST_TS, free_port, running_server
 
@@ -104,3 +105,13 @@ def test_a_process_that_cannot_load_its_model_stops_the_server_with_its_error(wo
     assert out.returncode == 1, out.stderr[-2000:]
     assert "no-such-model" in out.stderr and "before it listened" in out.stderr  # not restarted in a loop
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"server_processes": 0}, "server_processes must be >= 1"),
+     ({"server_processes": 2, "scoring": ScoringConfig(processes=2)}, "do not combine")],
+)  # fmt: skip
+def test_server_processes_config_is_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        ServingConfig(**settings)
