@@ -1,14 +1,14 @@
-"""``server_processes`` > 1: several whole server processes behind one listening socket (prefork).
+"""``server_processes`` > 1: the whole server N times over, on one port (prefork).
 
 Why: one server process scores concurrent requests on threads that share its GIL; every request's Python (HTTP,
-parsing, the Feast read, tensor building) waits for it, and the hand-offs between threads cost context switches.
-On 2 cores under 4 closed-loop clients one process left ~20% of the CPU idle. N processes each with its own event
-loop, store reads and scoring share nothing but the socket: the kernel hands each new connection to whichever
-process accepts it first (docs/serving-speed.md, round 6).
+parsing, the Feast read, tensor building) waits for it. On 2 cores under 4 closed-loop clients one process left
+~20% of the CPU idle. N processes, each with its own event loop, store reads and scoring, share nothing but the
+port: each listens on its own ``SO_REUSEPORT`` socket and the kernel spreads new connections over them
+(docs/serving-speed.md, round 6).
 
-The supervisor (``gemflow serve``'s own process) binds the socket, points ``$PROMETHEUS_MULTIPROC_DIR`` at a fresh
+The supervisor (``gemflow serve``'s own process) holds the port, points ``$PROMETHEUS_MULTIPROC_DIR`` at a fresh
 folder so that ``/metrics`` and the stats of any process count the whole server (``serving.stats``), starts the
-processes (``spawn``: each loads the model itself) and restarts one that dies. SIGTERM / SIGINT stop them all.
+processes (``spawn``: each loads the model itself), replaces one that dies and stops them all on SIGTERM / SIGINT.
 """
 
 from __future__ import annotations
