@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.parent_watch import when_parent_exits
+
 log = logging.getLogger(__name__)
 
 UTC = dt.UTC
@@ -290,14 +292,8 @@ def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot | None:
 
 def _init_child() -> None:
     os.nice(19)  # the lowest priority: the refresh runs on cycles request scoring leaves idle
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-
-
-def _exit_with_parent(parent: int) -> None:
-    """A killed server must not leave its refresh process behind (the pool's queues never report it)."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
+    # a killed server must not leave its refresh process behind (the pool's queues never report it)
+    when_parent_exits(lambda: os._exit(0))
 
 
 class ProcessLoader:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from serving.config import ServingConfig
+from serving.parent_watch import when_parent_exits
 
 log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = 5.0  # a process that keeps dying is restarted at most this often
@@ -70,6 +71,9 @@ def _child(cfg: ServingConfig, ws_root: str, loaded) -> None:
     from serving.server import serve
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the supervisor; it stops us
+    # killed with SIGKILL, the supervisor stops nobody: an orphan would keep answering on the port, and a server
+    # started there again would share it with the old model
+    when_parent_exits(lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         serve(cfg, Workspace(Path(ws_root)), listen=lambda: listen(cfg, loaded))
     except (ModelLoadError, AuthError, StartFailed) as err:

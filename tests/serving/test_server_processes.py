@@ -80,6 +80,21 @@ def test_two_server_processes_count_as_one_and_a_dead_one_is_replaced(world, tmp
         s.listen()
 
 
+@pytest.mark.integration
+def test_server_processes_exit_when_their_supervisor_is_killed(world, tmp_path):
+    port = free_port()
+    with running_server(world, port, tmp_path / "serve.log", *SERVER_SETTINGS, *PROCESSES) as base:
+        pids = _pids_answering(base, 2)
+        supervisor = psutil.Process(next(iter(pids))).parent()
+        supervisor.kill()  # SIGKILL: it stops nobody itself
+        gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids], timeout=60)
+        assert not alive, f"{[p.pid for p in alive]} still run without their supervisor"
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))  # nobody listens there any more
+        s.listen()
+
+
 def test_a_taken_port_is_a_one_line_error(world):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
