@@ -105,8 +105,8 @@ class ServingConfig:
     expected_user_model_version: str = ""
     host: str = "127.0.0.1"  # loopback by default; the chart binds 0.0.0.0 inside the pod
     http_port: int = 8080
-    # > 1: this many whole server processes share the listening socket, each with its own event loop, store reads
-    # and scoring (no GIL shared by concurrent requests; serving.server_processes). Limits apply per process.
+    # > 1: this many whole server processes share the port, each with its own event loop, store reads and scoring
+    # (no GIL shared by concurrent requests; serving.server_processes). Limits apply per process.
     server_processes: int = 1
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)

@@ -35,7 +35,7 @@ class GemflowModelServer(kserve.ModelServer):
         self.cfg, self.app = cfg, app
 
     def start(self, models, sock: socket.socket | None = None) -> None:
-        """Serve ``models``, on ``sock`` when given (a socket shared by several server processes)."""
+        """Serve ``models``, on ``sock`` when given (this process's own socket on a port several share)."""
         self._register_and_check_atleast_one_model_is_ready(models)
         rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
                           self.http_port, workers=1, grace_period=self.grace_period)  # fmt: skip
