@@ -46,6 +46,13 @@ def _metric(base: str, line_start: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
 
 
+def _assert_nobody_listens(port: int) -> None:
+    with socket.socket() as s:  # (SO_REUSEADDR: the port's closed connections may linger in TIME_WAIT)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))  # fails while any process listens there
+        s.listen()
+
+
 @pytest.mark.integration
 def test_two_server_processes_count_as_one_and_a_dead_one_is_replaced(world, tmp_path):
     port = free_port()
@@ -74,10 +81,7 @@ def test_two_server_processes_count_as_one_and_a_dead_one_is_replaced(world, tmp
         assert now <= {c.pid for c in children}
     # running_server sent SIGTERM and waited for the supervisor: nothing of it is left, and the port is free
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
-    with socket.socket() as s:  # (SO_REUSEADDR: the port's closed connections may linger in TIME_WAIT)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
+    _assert_nobody_listens(port)
 
 
 @pytest.mark.integration
@@ -89,10 +93,7 @@ def test_server_processes_exit_when_their_supervisor_is_killed(world, tmp_path):
         supervisor.kill()  # SIGKILL: it stops nobody itself
         gone, alive = psutil.wait_procs([psutil.Process(p) for p in pids], timeout=60)
         assert not alive, f"{[p.pid for p in alive]} still run without their supervisor"
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))  # nobody listens there any more
-        s.listen()
+    _assert_nobody_listens(port)
 
 
 def test_a_taken_port_is_a_one_line_error(world):
