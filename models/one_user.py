@@ -2,7 +2,7 @@
 
 With one user the jagged layout is a single dense block: every candidate attends over the same context
 (``models.attention.shared_context``), the linear layers run on oneDNN with their bias, GELU and residual fused
-(``models.onednn``), and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's
+(``models.onednn``) or on PyTorch's own GEMMs, whichever ``script`` measured faster on this CPU, and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's
 share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids gathered straight
 from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The modules here hold the
 ranker's own layers and tables (no copies): they follow its weights.
@@ -18,6 +18,9 @@ request and 28% of its context switches). The eager modules are the same code (`
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,25 +31,29 @@ from models.data import EVENT_ID_FIELDS
 from models.layers import FeedForward
 from models.tokenizer import GAP_TABLE, SparseArch, gather_rows
 
+log = logging.getLogger(__name__)
+
 
 class OneUserBlock(nn.Module):
     """``TargetAwareBlock.forward`` for the candidates of one user, given the context's K/V layout."""
 
-    def __init__(self, block):
+    def __init__(self, block, use_onednn: bool = True):
         super().__init__()
         up, _, down, _ = block.ffn.net  # Linear, GELU, Linear, Dropout (identity in eval)
         self.norm_q, self.q, self.out = block.norm_q, block.attn.q, block.attn.out
         self.norm2, self.up, self.down = block.norm2, up, down
+        self.use_onednn = use_onednn
 
     def forward(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, projected: torch.Tensor | None
     ) -> torch.Tensor:
         """``projected``: the block's projected queries when the caller has them (serving caches block 0's)."""
+        dnn = self.use_onednn
         if projected is None:
-            projected = onednn.linear(self.norm_q(q), self.q.weight, self.q.bias)
-        q = onednn.linear(attend(projected, keys, values), self.out.weight, self.out.bias, "none", q)
-        h = onednn.linear(self.norm2(q), self.up.weight, self.up.bias, "gelu")
-        return onednn.linear(h, self.down.weight, self.down.bias, "none", q)
+            projected = onednn.linear(self.norm_q(q), self.q.weight, self.q.bias, "none", None, dnn)
+        q = onednn.linear(attend(projected, keys, values), self.out.weight, self.out.bias, "none", q, dnn)
+        h = onednn.linear(self.norm2(q), self.up.weight, self.up.bias, "gelu", None, dnn)
+        return onednn.linear(h, self.down.weight, self.down.bias, "none", q, dnn)
 
 
 class ContextKV(nn.Module):
@@ -71,9 +78,10 @@ class OneUserHead(nn.Module):
     matmul, ``(profile * g_p) W_p^T``, is one vector per request.
     """
 
-    def __init__(self, head: nn.Sequential):
+    def __init__(self, head: nn.Sequential, use_onednn: bool = True):
         super().__init__()
         self.norm, self.first, self.last = head[0], head[1], head[4]
+        self.use_onednn = use_onednn
 
     def forward(self, cand: torch.Tensor, profile: torch.Tensor) -> torch.Tensor:
         k = cand.shape[1]
@@ -88,7 +96,7 @@ class OneUserHead(nn.Module):
         var = (n_c * (var_c + (mean_c - mean) ** 2) + n_p * (var_p + (mean_p - mean) ** 2)) / (n_c + n_p)
         rstd = torch.rsqrt(var + self.norm.eps)
         from_profile = (profile * g[k:]) @ w[:, k:].T  # (hidden,)
-        z = onednn.linear(cand, w[:, :k] * g[:k], from_profile)  # (N, hidden)
+        z = onednn.linear(cand, w[:, :k] * g[:k], from_profile, "none", None, self.use_onednn)  # (N, hidden)
         z = torch.addcmul(z, mean[:, None], (w @ g)[None], value=-1.0)
         z = torch.addcmul(self.first.bias + w @ b, z, rstd[:, None])
         return self.last(F.gelu(z))
@@ -98,10 +106,10 @@ class OneUserScorer(nn.Module):
     """(N, 2) logits of one user's N candidates from their tokens and the user's per-block K/V; and
     ``user_side``, that K/V (and the profile) from the user's ids."""
 
-    def __init__(self, ranker):
+    def __init__(self, ranker, use_onednn: bool = True):
         super().__init__()
-        self.blocks = nn.ModuleList([OneUserBlock(block) for block in ranker.blocks])
-        self.head = OneUserHead(ranker.head)
+        self.blocks = nn.ModuleList([OneUserBlock(block, use_onednn) for block in ranker.blocks])
+        self.head = OneUserHead(ranker.head, use_onednn)
         fields = [*EVENT_ID_FIELDS, GAP_TABLE]
         self.event_tables = [ranker.sparse.table(f) for f in fields]
         self.event_sizes = [ranker.sparse.sizes[f] for f in fields]
@@ -162,9 +170,45 @@ class OneUserScorer(nn.Module):
         return self.head(torch.cat([q, q * token, token], 1), profile)
 
 
-def script(ranker) -> torch.jit.ScriptModule | None:
-    """``OneUserScorer(ranker)`` compiled by TorchScript (~1 s), or None where it does not apply (see
-    ``OneUserScorer.supports``; oneDNN missing)."""
-    if not (onednn.AVAILABLE and OneUserScorer.supports(ranker)):
+def script(ranker, rows: int = 1000) -> torch.jit.ScriptModule | None:
+    """``OneUserScorer(ranker)`` compiled by TorchScript, or None where it does not apply (``OneUserScorer.supports``).
+
+    Which GEMMs are faster depends on the CPU (``models.onednn``: oneDNN with fused post-ops ran 2x MKL on a Zen 5,
+    MKL 4-9% faster on a Zen 3), so where oneDNN is available both are compiled (~1 s each), timed on ``rows``
+    candidates of random values, and the faster is kept (logged)."""
+    if not OneUserScorer.supports(ranker):
         return None
-    return torch.jit.script(OneUserScorer(ranker).eval())
+    variants = {use: torch.jit.script(OneUserScorer(ranker, use).eval()) for use in {onednn.AVAILABLE, False}}
+    if len(variants) == 1:
+        return variants[False]
+    ms = _time_variants(variants, _probe_inputs(ranker, rows))
+    use = min(ms, key=ms.get)
+    log.info("one-user scorer: %d candidates in %.2f ms with oneDNN's GEMMs, %.2f ms with PyTorch's: using %s",
+             rows, ms[True], ms[False], "oneDNN's" if use else "PyTorch's")  # fmt: skip
+    return variants[use]
+
+
+def _probe_inputs(ranker, rows: int) -> tuple:
+    """Arguments of ``OneUserScorer.forward`` shaped like a request of ``rows`` candidates (random values)."""
+    cfg, g = ranker.cfg, torch.Generator().manual_seed(0)
+    d, heads = cfg.d_model, cfg.num_heads
+    context = cfg.recent_events + (cfg.num_user_tokens if ranker.user_proj is not None else 0)
+    kv = [torch.randn(context, 2, heads, d // heads, generator=g) for _ in ranker.blocks]
+    profile = torch.randn(ranker.head[1].in_features - 3 * d, generator=g)
+    return torch.randn(rows, d, generator=g), torch.randn(rows, d, generator=g), kv, profile
+
+
+@torch.inference_mode()
+def _time_variants(variants: dict, inputs: tuple, warm: int = 3, rounds: int = 7) -> dict:
+    """Best wall ms of each variant over ``rounds`` alternating calls, after ``warm`` calls each (TorchScript's
+    profiling runs)."""
+    for module in variants.values():
+        for _ in range(warm):
+            module(*inputs)
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(rounds):
+        for key, module in variants.items():
+            t0 = time.perf_counter()
+            module(*inputs)
+            best[key] = min(best[key], 1e3 * (time.perf_counter() - t0))
+    return best

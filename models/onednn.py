@@ -5,6 +5,8 @@ reaches on the same core (AMD EPYC Zen 5, one thread, 1,000 x 64 @ 64 x 128: 93 
 256 x 256: 89 vs 204; identical float32 results there). oneDNN also applies the bias, GELU and residual add as
 post-ops of the GEMM instead of three more passes over the output. The ranker's per-candidate path (``Ranker.score``
 with gradients off) is a chain of such small-K GEMMs, so serving a request costs about half the matmul time.
+Not on every CPU: on a Zen 3 EPYC (AVX2) MKL's sgemm reaches ~85 GFLOP/s on the same shapes and the ranker's
+candidate path ran 4-9% faster on it. ``models.one_user.script`` therefore times both and keeps the faster.
 
 ``linear`` takes the oneDNN path only where it applies and pays: gradients off, float32 CPU tensors, a torch
 build with oneDNN, at least ``MIN_ROWS`` rows (below that oneDNN's per-call setup, ~10 us, exceeds the gain).
@@ -71,14 +73,16 @@ def linear(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     residual: torch.Tensor | None = None,
+    use_onednn: bool = True,
 ) -> torch.Tensor:
     """``activation(x @ weight^T + bias) (+ residual)`` for (N, in) ``x`` and (out, in) ``weight``; ``residual``
-    (N, out) only without an activation (it is fused as a sum after the GEMM and its bias)."""
+    (N, out) only without an activation (it is fused as a sum after the GEMM and its bias). ``use_onednn=False``:
+    always the reference (callers that measured PyTorch's own GEMM faster on this CPU, ``models.one_user``)."""
     if activation != "none" and activation != "gelu":  # (no tuple constant: TorchScript reads no globals)
         raise ValueError("activation must be 'none' or 'gelu', got " + activation)
     if residual is not None and activation != "none":
         raise ValueError("a residual add is fused only without an activation")
-    if not applies(x, weight):
+    if not use_onednn or not applies(x, weight):
         return reference_linear(x, weight, bias, activation, residual)
     x, weight = x.contiguous(), weight.contiguous()
     if residual is not None:

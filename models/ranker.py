@@ -19,8 +19,8 @@ Serving fast path (same parameters, same outputs): with gradients off, ids are g
 EmbeddingCollection's tables (``F.embedding`` on the same weights and the same OOV rule, no KeyedJaggedTensor per
 call), and one user goes through ``models.one_user`` (scripted by TorchScript in the server): its user side in one
 call, and its candidates attend to the user's context as one dense block (no jagged planning, no row moves), the
-per-candidate GEMMs run on oneDNN with their bias, GELU and residual add fused (``models.onednn``), and the head is
-expanded over the shared profile.
+per-candidate GEMMs run on oneDNN with their bias, GELU and residual add fused (``models.onednn``; or on PyTorch's
+own where that measured faster, ``models.one_user.script``), and the head is expanded over the shared profile.
 Training (gradients on) keeps the torchrec path its fused sparse optimizer needs.
 
 Ablations (config flags): ``pooling="mean"`` (mean of the context, no attention), ``pooling="din"`` (DIN-style

@@ -82,3 +82,18 @@ def test_code_traced_by_torch_compile_takes_the_reference():
         torch.testing.assert_close(
             compiled(x, weight, bias, "gelu"), onednn.reference_linear(x, weight, bias, "gelu")
         )
+
+
+def test_use_onednn_false_is_the_reference():
+    """``models.one_user`` turns oneDNN off where PyTorch's own GEMMs measured faster: then it is the reference."""
+    g = torch.Generator().manual_seed(3)
+    x, weight, bias = torch.randn(1000, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32)
+    residual = torch.randn(1000, 32, generator=g)
+    with torch.inference_mode():
+        for act, res in (("none", None), ("gelu", None), ("none", residual)):
+            torch.testing.assert_close(
+                onednn.linear(x, weight, bias, act, res, use_onednn=False),
+                onednn.reference_linear(x, weight, bias, act, res),
+                rtol=0,
+                atol=0,
+            )

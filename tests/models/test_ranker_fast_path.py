@@ -6,10 +6,13 @@ head): the same scores, for every config it serves."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 
 import pytest
 import torch
 
+from models import one_user
 from models.data import Candidates, Events, Profile
 from models.ranker import Ranker
 from tests.models.fixtures import tiny_ranker_config
@@ -165,3 +168,39 @@ def test_one_user_side_equals_the_training_user_side(torchscript, n_events, toke
         with torch.no_grad():  # the same tables, not copies: a change to the weights shows on the next call
             model.sparse.table("ad_id").mul_(2.0)
             model.sparse.table("gender").add_(1.0)
+
+
+@pytest.mark.parametrize("use_onednn", [True, False], ids=["onednn", "pytorch_gemms"])
+def test_both_gemm_kernels_of_the_scripted_path_equal_the_training_path(use_onednn):
+    """``one_user.script`` keeps whichever kernel is faster on the CPU: each must give the training path's scores
+    (300 candidates: enough rows for the oneDNN path to apply)."""
+    model = _model()
+    model.__dict__["_one_user"] = torch.jit.script(one_user.OneUserScorer(model, use_onednn).eval())
+    inputs = _inputs([12], [300])
+    torch.testing.assert_close(
+        _scores(model, inputs, fast=True), _scores(model, inputs, fast=False), rtol=0, atol=1e-5
+    )
+
+
+def test_script_keeps_the_faster_kernel_and_says_which(caplog):
+    model = _model()
+    with caplog.at_level(logging.INFO, logger="models.one_user"):
+        scripted = one_user.script(model, rows=200)
+    assert scripted is not None and scripted.head.use_onednn in (True, False)
+    chosen = "oneDNN's" if scripted.head.use_onednn else "PyTorch's"
+    assert [r.getMessage().endswith(f"using {chosen}") for r in caplog.records] == [True]
+
+
+def test_timing_picks_the_faster_variant():
+    calls = {"slow": 0, "fast": 0}
+
+    def slow(*_):
+        calls["slow"] += 1
+        time.sleep(0.005)
+
+    def fast(*_):
+        calls["fast"] += 1
+
+    ms = one_user._time_variants({"slow": slow, "fast": fast}, (), warm=2, rounds=3)
+    assert min(ms, key=ms.get) == "fast" and ms["slow"] >= 5.0
+    assert calls == {"slow": 5, "fast": 5}  # warm-up calls, then alternating timed rounds
