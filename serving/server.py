@@ -58,14 +58,16 @@ async def _serve_on(rest: RESTServer, sock: socket.socket) -> None:
 
 
 def _log_to_stderr() -> None:
-    """The ``serving`` loggers print one line per event (KServe configures only its own loggers)."""
-    root = logging.getLogger("serving")
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        root.propagate = False
+    """The ``serving`` and ``models`` loggers (the ranker's load: which GEMMs it scores with) print one line per
+    event (KServe configures only its own loggers)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("serving", "models"):
+        root = logging.getLogger(name)
+        if not root.handlers:
+            root.addHandler(handler)
+            root.setLevel(logging.INFO)
+            root.propagate = False
 
 
 def serve(cfg: ServingConfig, ws: Workspace, listen: Callable[[], socket.socket] | None = None) -> None:
