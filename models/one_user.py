@@ -2,8 +2,9 @@
 
 With one user the jagged layout is a single dense block: every candidate attends over the same context
 (``models.attention.shared_context``), the linear layers run on oneDNN with their bias, GELU and residual fused
-(``models.onednn``) or on PyTorch's own GEMMs, whichever ``script`` measured faster on this CPU, and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's
-share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids gathered straight
+(``models.onednn``) or on PyTorch's own GEMMs, whichever ``script`` measured faster on this CPU, and the head's
+LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's share is computed once
+(``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids gathered straight
 from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The modules here hold the
 ranker's own layers and tables (no copies): they follow its weights.
 
@@ -174,7 +175,7 @@ def script(ranker, rows: int = 1000) -> torch.jit.ScriptModule | None:
     """``OneUserScorer(ranker)`` compiled by TorchScript, or None where it does not apply (``OneUserScorer.supports``).
 
     Which GEMMs are faster depends on the CPU (``models.onednn``: oneDNN with fused post-ops ran 2x MKL on a Zen 5,
-    MKL 4-9% faster on a Zen 3), so where oneDNN is available both are compiled (~1 s each), timed on ``rows``
+    MKL 1-7% faster on a Zen 3), so where oneDNN is available both are compiled (0.3 s for both), timed on ``rows``
     candidates of random values, and the faster is kept (logged)."""
     if not OneUserScorer.supports(ranker):
         return None

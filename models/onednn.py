@@ -1,12 +1,12 @@
 """Linear layers on oneDNN for CPU inference: the GEMM, its bias, a GELU and a residual add in one call.
 
-Why: PyTorch's float32 CPU matmul calls MKL's sgemm, which on AMD CPUs runs at about half of what oneDNN's GEMM
-reaches on the same core (AMD EPYC Zen 5, one thread, 1,000 x 64 @ 64 x 128: 93 vs 182 GFLOP/s, 4,000 x 256 @
-256 x 256: 89 vs 204; identical float32 results there). oneDNN also applies the bias, GELU and residual add as
+Why: PyTorch's float32 CPU matmul calls MKL's sgemm, which on an AMD EPYC Zen 5 ran at about half of what oneDNN's
+GEMM reaches on the same core (one thread, 1,000 x 64 @ 64 x 128: 93 vs 182 GFLOP/s, 4,000 x 256 @ 256 x 256: 89
+vs 204; identical float32 results there). oneDNN also applies the bias, GELU and residual add as
 post-ops of the GEMM instead of three more passes over the output. The ranker's per-candidate path (``Ranker.score``
 with gradients off) is a chain of such small-K GEMMs, so serving a request costs about half the matmul time.
 Not on every CPU: on a Zen 3 EPYC (AVX2) MKL's sgemm reaches ~85 GFLOP/s on the same shapes and the ranker's
-candidate path ran 4-9% faster on it. ``models.one_user.script`` therefore times both and keeps the faster.
+candidate path ran 1-7% faster on it. ``models.one_user.script`` therefore times both and keeps the faster.
 
 ``linear`` takes the oneDNN path only where it applies and pays: gradients off, float32 CPU tensors, a torch
 build with oneDNN, at least ``MIN_ROWS`` rows (below that oneDNN's per-call setup, ~10 us, exceeds the gain).
