@@ -250,11 +250,12 @@ def shared_vs_recompute(
             out.append(torch.sigmoid(ranker.score(side, cands.select(torch.tensor([i])))))
         return torch.cat(out).numpy()
 
+    one = ranker.one_user_scorer()  # None for models the one-user path does not serve (pooling ablations)
+    gemms = "" if one is None else f", {'oneDNN' if one.head.use_onednn else 'PyTorch'} GEMMs"
     print("\n== shared K/V vs recomputing the user side per candidate (in process, same model and inputs)")
     print(f"   model {served.version}: d_model {cfg.d_model}, {cfg.num_layers} blocks, {e} recent events "
           f"+ {0 if tokens is None else cfg.num_user_tokens} user tokens; 1 torch thread; CPU ms (best of {reps}); "
-          f"shared: {'TorchScript' if scripted else 'eager'} one-user path, "
-          f"{'oneDNN' if ranker.one_user_scorer().head.use_onednn else 'PyTorch'} GEMMs")  # fmt: skip
+          f"shared: {'TorchScript one-user path' if scripted else 'eager'}{gemms}")  # fmt: skip
     print(
         f"   naive loop: timed on the first {loop_sample} candidates, x N / {loop_sample} (each call is alike)"
     )
