@@ -323,6 +323,32 @@ def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:
     ranker.__dict__["_one_user"] = scripted
 
 
+def user_reads(workspace: Path, users: list[int], reads: int = 500) -> None:
+    """CPU ms per user-side read of the serving feature service, in process on the bench world's store: Feast's
+    ``get_online_features(...).to_dict()`` against the ``ServiceReader`` the server reads through."""
+    from features.feature_repo.online_read import ServiceReader
+    from features.store import open_store
+    from gemflow.workspace import Workspace
+    from serving.predictor import USER_SERVICE
+
+    store = open_store(Workspace(workspace))
+    service, fast = store.get_feature_service(USER_SERVICE), ServiceReader(store, USER_SERVICE)
+    ways = {
+        "Feast get_online_features": lambda u: store.get_online_features(
+            features=service, entity_rows=[{"user_id": u}]
+        ).to_dict(),
+        "ServiceReader (served)": lambda u: fast.read([u]),
+    }
+    assert all(ways["Feast get_online_features"](u) == fast.read([u]) for u in users)
+    best = dict.fromkeys(ways, float("inf"))
+    for _ in range(5):  # alternating rounds, best of each
+        for name, read in ways.items():
+            ms = _cpu_ms(lambda read=read: [read(users[i % len(users)]) for i in range(reads)]) / reads
+            best[name] = min(best[name], ms)
+    print(f"\n== user-side feature read ({USER_SERVICE}, {store.config.online_store.type} store), CPU ms per read "
+          f"(best of 5 rounds of {reads}): " + " | ".join(f"{k} {v:.3f}" for k, v in best.items()))  # fmt: skip
+
+
 def _cpu_ms(fn) -> float:
     t0 = time.process_time()
     fn()
@@ -417,7 +443,7 @@ def start_server(
     log = open(world_dir / "serve.log", "wb")  # noqa: SIM115 (the server process owns it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     # the normal path unless asked: users 2 (old embedding version) and 4 (no embedding) are cold starts
-    return proc, world.model_path, list(KNOWN_USERS if cold_start else HEALTHY_USERS), 6000
+    return proc, world.model_path, world.ws.root, list(KNOWN_USERS if cold_start else HEALTHY_USERS), 6000
 
 
 def wait_ready(base: str, proc: subprocess.Popen | None, timeout: float = 180) -> None:
@@ -449,6 +475,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18080, help="port of the --build-world server")
     ap.add_argument("--model-uri", default="", help="the served model (for the in-process comparison)")
     ap.add_argument("--pid", type=int, default=0, help="server pid (CPU per request, RSS)")
+    ap.add_argument("--workspace", type=Path, help="the server's workspace (for the in-process feature read)")
     ap.add_argument("--users", default="0,1,3", help="user ids to sample (a running server of your own)")
     ap.add_argument("--num-ads", type=int, default=6000, help="candidates are sampled from ids [0, num_ads)")
     ap.add_argument("--requests", type=int, default=300, help="requests per candidate-set size")
@@ -483,7 +510,7 @@ def main() -> None:
     proc = None
     users = [int(u) for u in args.users.split(",")]
     if args.build_world:
-        proc, model_path, users, args.num_ads = start_server(
+        proc, model_path, args.workspace, users, args.num_ads = start_server(
             args.build_world, args.port, 5000, args.d_model, args.cold_start, args.server_set or ()
         )
         args.url, args.model_uri, args.pid = f"http://127.0.0.1:{args.port}", str(model_path), proc.pid
@@ -505,6 +532,8 @@ def main() -> None:
                         float(REQUEST_TS))  # fmt: skip
         if "compare" in phases and args.model_uri:
             shared_vs_recompute(args.model_uri, sizes, args.reps, args.loop_sample, args.compile)
+        if "compare" in phases and args.workspace:
+            user_reads(args.workspace, users)
         if "soak" in phases and args.soak > 0:
             run_soak(args.url, rng, users, args.num_ads, args.soak_candidates, args.rate, args.soak, server,
                      float(REQUEST_TS))  # fmt: skip

@@ -1,0 +1,76 @@
+"""Online reads of a feature service for a few entities, without Feast's response assembly.
+
+``FeatureStore.get_online_features(service, rows).to_dict()`` for one user of the serving service (three views,
+SQLite) costs ~0.7 ms of CPU on a 2-core AMD EPYC, ~0.1 ms of it in the store: the rest resolves the request,
+builds Feast's response protobuf and turns it back into Python lists, on every request of the ranker. A
+``ServiceReader`` resolves the service once and then makes only the calls Feast itself makes per view: the provider's
+online store's ``online_read`` (same store, same connection), values converted by Feast's own
+``feast_value_type_to_python_type``: ~0.24 ms. It returns what ``to_dict()`` returns (the join key column, then
+feature -> one value per entity, None where absent).
+
+Services this does not reproduce exactly (on-demand views, aliased projections, views keyed by different or
+several entities) raise ``UnsupportedForFastRead`` at construction; callers then read through Feast.
+``tests/features/test_online_read.py`` compares both reads on SQLite and Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from feast import FeatureStore
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
+
+
+class UnsupportedForFastRead(ValueError):
+    """A feature service whose online read ``ServiceReader`` does not reproduce (read it through Feast)."""
+
+
+class ServiceReader:
+    """``reader.read(ids)`` == ``store.get_online_features(features=service, entity_rows=...).to_dict()``."""
+
+    def __init__(self, store: FeatureStore, service_name: str):
+        service = store.get_feature_service(service_name)
+        if service.feature_view_projections == [] or getattr(service, "precompute_online", False):
+            raise UnsupportedForFastRead(f"feature service {service_name!r} has no plain feature views")
+        self.views = []  # (FeatureView, [feature names])
+        entities = set()
+        for projection in service.feature_view_projections:
+            if projection.name_alias or projection.join_key_map:
+                raise UnsupportedForFastRead(f"view {projection.name!r} is aliased in {service_name!r}")
+            try:
+                view = store.get_feature_view(projection.name)
+            except Exception as err:  # noqa: BLE001  an on-demand or stream view: Feast's path handles it
+                raise UnsupportedForFastRead(
+                    f"{projection.name!r} is not a plain feature view ({err})"
+                ) from err
+            if len(view.entities) != 1:
+                raise UnsupportedForFastRead(f"view {view.name!r} is keyed by {len(view.entities)} entities")
+            entities.add(view.entities[0])
+            self.views.append((view, [f.name for f in projection.features]))
+        if len(entities) != 1:
+            raise UnsupportedForFastRead(f"the views of {service_name!r} are keyed by {sorted(entities)}")
+        entity = store.get_entity(entities.pop())
+        self.join_key, self.key_type = entity.join_key, entity.value_type
+        names = [name for _, features in self.views for name in features]
+        if len(set(names)) != len(names) or self.join_key in names:
+            raise UnsupportedForFastRead(f"feature names repeat across the views of {service_name!r}")
+        self.config = store.config
+        self.online_store = store._get_provider().online_store  # the one Feast reads through (its connection)
+
+    def read(self, entity_ids: Sequence) -> dict[str, list]:
+        """The join key column, then feature -> one Python value per entity (None where the store has none)."""
+        values = python_values_to_proto_values(list(entity_ids), self.key_type)
+        keys = [EntityKey(join_keys=[self.join_key], entity_values=[v]) for v in values]
+        out: dict[str, list] = {self.join_key: list(entity_ids)}
+        for view, features in self.views:
+            # a copy: Redis's online_read appends its internal fields (``_ts:<view>``) to the list it is given
+            rows = self.online_store.online_read(self.config, view, keys, list(features))
+            for name in features:
+                out[name] = [_value(row, name) for _, row in rows]
+        return out
+
+
+def _value(row: dict | None, name: str):
+    value = None if row is None else row.get(name)
+    return None if value is None else feast_value_type_to_python_type(value)
