@@ -7,6 +7,8 @@ tensors alike and returns the same kind it was given.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -24,14 +26,25 @@ def time_bucket(gap_seconds, num_buckets: int, out_int32: bool = False):
     Counted by binary search against those exact integer edges (no log2 rounding at powers of two). The token
     of a history event (its gap to the last event or to the request) and the attention's time bias both use it.
     """
-    if not isinstance(gap_seconds, torch.Tensor):
-        return time_bucket(torch.from_numpy(np.asarray(gap_seconds)), num_buckets, out_int32).numpy()
+    if not isinstance(gap_seconds, torch.Tensor):  # numpy's own search (via torch: ~15x slower on a request's 64)
+        gap = np.asarray(gap_seconds)
+        gap = np.abs(gap.astype(np.float64 if gap.dtype.kind == "f" else np.int64))
+        out = np.int32 if out_int32 else np.int64
+        if num_buckets <= 1:
+            return np.zeros(gap.shape, out)
+        return np.searchsorted(_bucket_edges(num_buckets).astype(gap.dtype), gap, side="right").astype(out)
     if num_buckets <= 1:  # one bucket (or none: a model that reads no time, e.g. SASRec): every gap is 0
         return torch.zeros(gap_seconds.shape, dtype=torch.int32 if out_int32 else torch.int64)
     wide = torch.float64 if gap_seconds.is_floating_point() else torch.int64
     gap = gap_seconds.abs().to(wide)
     edges = torch.pow(2, torch.arange(1, num_buckets, device=gap.device, dtype=torch.int64)).sub_(1).to(wide)
     return torch.bucketize(gap, edges, right=True, out_int32=out_int32)
+
+
+@functools.cache
+def _bucket_edges(num_buckets: int) -> np.ndarray:
+    """The integer edges 2^k - 1 (k = 1 .. T - 1) that ``time_bucket`` counts a gap against."""
+    return 2 ** np.arange(1, num_buckets, dtype=np.int64) - 1
 
 
 def normalize_age(age) -> np.ndarray:

@@ -28,6 +28,18 @@ def test_time_bucket_is_floor_log2_exactly_on_numpy_and_torch(num_buckets):
     assert time_bucket(torch.from_numpy(gaps), num_buckets, out_int32=True).dtype == torch.int32
 
 
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_time_bucket_numpy_path_equals_torch_on_random_gaps(out_int32):
+    """The numpy path searches its own edges (no torch round trip): the same buckets as torch's bucketize."""
+    rng = np.random.default_rng(0)
+    ints = rng.integers(-(10**10), 10**10, 100_000) >> rng.integers(0, 34, 100_000)  # every magnitude
+    for gaps in (ints, ints / 3.0):
+        for num_buckets in (2, 24, 40):
+            got = time_bucket(gaps, num_buckets, out_int32)
+            want = time_bucket(torch.from_numpy(gaps), num_buckets, out_int32).numpy()
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
 def test_age_is_centred_and_scaled_and_missing_counts_as_zero_years():
     got = normalize_age(np.array([40.0, 55.0, np.nan, np.inf, 18.0]))
     assert got.dtype == np.float32 and got.shape == (5, 1)
