@@ -51,16 +51,17 @@ class ModelBundle:
 
 def build_model(
     kind: str, cfg, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0, moe: dict | None = None,
-    items: ItemAttributes | None = None,
+    items: ItemAttributes | None = None, torchrec: bool = True,
 ):  # fmt: skip
+    """A fresh model of ``kind``; ``torchrec=False`` for one that is loaded to be read, never trained."""
     if kind == "sasrec":
         return SASRec(cfg, vocab)
     if kind == "user":
-        model = UserModel(cfg, vocab, num_dense, items)
+        model = UserModel(cfg, vocab, num_dense, items, torchrec)
         if moe and "moe" in cfg.ffn:
             use_moe_ffn(model.blocks, cfg.ffn, moe["num_experts"], moe["top_k"])
         return model
-    return Ranker(cfg, vocab, num_dense, user_token_dim)
+    return Ranker(cfg, vocab, num_dense, user_token_dim, torchrec)
 
 
 def save_bundle(path: Path, bundle: ModelBundle, state_dict: dict[str, torch.Tensor] | None = None) -> None:
@@ -82,6 +83,8 @@ def save_bundle(path: Path, bundle: ModelBundle, state_dict: dict[str, torch.Ten
 
 
 def load_bundle(path: str | Path) -> ModelBundle:
+    """The trained model at ``path`` (a run folder or its model file), in eval mode, to be read: its embedding
+    tables are plain modules (``models.tokenizer.PlainTables``), not torchrec's."""
     path = Path(path)
     if path.is_dir():
         path = path / MODEL_FILE
@@ -92,9 +95,10 @@ def load_bundle(path: str | Path) -> ModelBundle:
     dense = DenseSpec(**payload["dense"])
     moe = payload.get("moe")
     items = ItemAttributes(**payload["item_attributes"]) if "item_attributes" in payload else None
-    model = build_model(
-        payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"], moe, items
-    )
+    model = build_model(  # to be read (evaluated, served, embedded with): tables without torchrec
+        payload["kind"], cfg, payload["vocab"], len(dense.columns), payload["user_token_dim"], moe, items,
+        torchrec=False,
+    )  # fmt: skip
     model.load_state_dict(payload["state_dict"])
     model.eval()
     return ModelBundle(

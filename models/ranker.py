@@ -88,7 +88,15 @@ class UserSide:
 
 
 class Ranker(nn.Module):
-    def __init__(self, cfg: RankerConfig, vocab: dict[str, int], num_dense: int, user_token_dim: int = 0):
+    def __init__(
+        self,
+        cfg: RankerConfig,
+        vocab: dict[str, int],
+        num_dense: int,
+        user_token_dim: int = 0,
+        torchrec: bool = True,
+    ):
+        """``torchrec=False``: the embedding tables without torchrec (a model loaded to be read: ``SparseArch``)."""
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
@@ -98,7 +106,7 @@ class Ranker(nn.Module):
             "gender": "gender",
             "country": "country",
         }
-        self.sparse = SparseArch(features, {**vocab, GAP_TABLE: cfg.time_buckets}, d)
+        self.sparse = SparseArch(features, {**vocab, GAP_TABLE: cfg.time_buckets}, d, torchrec)
         self.events = EventTokenizer(d)
         self.user_proj = nn.Linear(user_token_dim, d) if cfg.use_user_tokens and user_token_dim else None
         self.age = DenseTokens(1, d)

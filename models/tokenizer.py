@@ -4,7 +4,8 @@
   through one torchrec ``EmbeddingCollection`` over a ``KeyedJaggedTensor``. Features that name the same
   field (the history's ``ad_id`` and the candidate's) share one table, so they live in one vocabulary.
   Every feature is jagged over the same B users: history events (their lengths), candidates (per user), profile
-  ids (one each). No padding anywhere.
+  ids (one each). No padding anywhere. Models loaded for inference hold the same tables as ``PlainTables``
+  (same state_dict, no torchrec: ~215 MB less in a serving process, which never shards or trains them).
 - ``EventTokenizer``: one history event = the sum of its field embeddings + its bucketed log time gap.
 - ``DenseTokens``: each numeric feature x_f becomes the token ``x_f * w_f + b_f`` (one token per feature).
 """
@@ -14,9 +15,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models.data import EVENT_ID_FIELDS, Events
 
@@ -34,20 +32,41 @@ def gather_rows(ids: torch.Tensor, table: torch.Tensor, size: int) -> torch.Tens
     return F.embedding(oov_ids(ids, size), table)
 
 
+class PlainTables(nn.Module):
+    """The tables of torchrec's ``EmbeddingCollection`` as plain ``nn.Embedding`` modules under the same names
+    (state_dict keys ``embeddings.t_<table>.weight``): a model that is only read (serving, evaluation, embedding
+    refreshes) needs neither torchrec's import nor its ``KeyedJaggedTensor``."""
+
+    def __init__(self, sizes: dict[str, int], dim: int):
+        super().__init__()
+        self.embeddings = nn.ModuleDict({f"t_{t}": nn.Embedding(size + 1, dim) for t, size in sizes.items()})
+
+
 class SparseArch(nn.Module):
     """``features``: feature name -> table (field) name; ``table_sizes``: field -> ids (max id + 1).
 
     Each table gets one extra row for ids outside the training vocabulary (new ads at serving time).
     Table names are prefixed (``t_``): a table named like a dict method (``items``) breaks torchrec.
+    ``torchrec=False`` holds the tables as ``PlainTables`` (inference: the same rows, the same state_dict; the
+    distributed trainer's sharding and the fused sparse optimizer need torchrec's module).
     """
 
-    def __init__(self, features: dict[str, str], table_sizes: dict[str, int], dim: int):
+    def __init__(
+        self, features: dict[str, str], table_sizes: dict[str, int], dim: int, torchrec: bool = True
+    ):
         super().__init__()
         missing = sorted({t for t in features.values() if t not in table_sizes})
         if missing:
             raise ValueError(f"no vocabulary size for table(s) {missing}")
         self.features = dict(features)
         self.sizes = {t: int(table_sizes[t]) for t in sorted(set(features.values()))}
+        self.ec = self._collection(dim) if torchrec else PlainTables(self.sizes, dim)
+        self.reset_parameters(dim)
+
+    def _collection(self, dim: int) -> nn.Module:
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+
         tables = [
             EmbeddingConfig(
                 name=f"t_{table}",
@@ -57,8 +76,7 @@ class SparseArch(nn.Module):
             )
             for table, size in self.sizes.items()
         ]
-        self.ec = EmbeddingCollection(tables=tables, device=torch.device("cpu"))
-        self.reset_parameters(dim)
+        return EmbeddingCollection(tables=tables, device=torch.device("cpu"))
 
     def reset_parameters(self, dim: int, std: float = 0.0) -> None:
         """``std`` 0: each table starts in its own block of dimensions. A token that sums several fields (an
@@ -87,6 +105,10 @@ class SparseArch(nn.Module):
         unknown = set(ids) - set(self.features)
         if unknown:
             raise KeyError(f"unknown sparse feature(s) {sorted(unknown)}; known: {sorted(self.features)}")
+        if isinstance(self.ec, PlainTables):  # what the collection returns: each id's row, in order
+            return {key: self._rows(key, v) for key, (v, _) in ids.items()}
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
         device = self.table(next(iter(self.sizes))).device
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         no_lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
@@ -102,6 +124,10 @@ class SparseArch(nn.Module):
         )
         out = self.ec(kjt)
         return {key: out[key].values() for key in ids}
+
+    def _rows(self, feature: str, ids: torch.Tensor) -> torch.Tensor:
+        table = self.features[feature]
+        return gather_rows(ids.long(), self.table(table), self.sizes[table])
 
 
 def event_features(prefix: str) -> dict[str, str]:

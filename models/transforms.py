@@ -26,7 +26,7 @@ def time_bucket(gap_seconds, num_buckets: int, out_int32: bool = False):
     Counted by binary search against those exact integer edges (no log2 rounding at powers of two). The token
     of a history event (its gap to the last event or to the request) and the attention's time bias both use it.
     """
-    if not isinstance(gap_seconds, torch.Tensor):  # numpy's own search (via torch: ~15x slower on a request's 64)
+    if not isinstance(gap_seconds, torch.Tensor):  # numpy's own search (through torch: ~5x slower on 64 gaps)
         gap = np.asarray(gap_seconds)
         gap = np.abs(gap.astype(np.float64 if gap.dtype.kind == "f" else np.int64))
         out = np.int32 if out_int32 else np.int64

@@ -43,8 +43,14 @@ def user_model_tables(cfg: UserModelConfig, vocab: dict[str, int]) -> dict[str, 
 
 class UserModel(nn.Module):
     def __init__(
-        self, cfg: UserModelConfig, vocab: dict[str, int], num_dense: int, items: ItemAttributes | None = None
+        self,
+        cfg: UserModelConfig,
+        vocab: dict[str, int],
+        num_dense: int,
+        items: ItemAttributes | None = None,
+        torchrec: bool = True,
     ):
+        """``torchrec=False``: the embedding tables without torchrec (a model loaded to be read: ``SparseArch``)."""
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
@@ -53,7 +59,7 @@ class UserModel(nn.Module):
             **{f"cand_{f}": f for f in CANDIDATE_ID_FIELDS},
             "user_id": "user_id",
         }
-        self.sparse = SparseArch(features, user_model_tables(cfg, vocab), d)
+        self.sparse = SparseArch(features, user_model_tables(cfg, vocab), d, torchrec)
         if cfg.embedding_init == "normal":
             self.sparse.reset_parameters(d, std=0.05)
         self.items = items if cfg.item_attributes == "all" else None

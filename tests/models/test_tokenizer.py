@@ -66,3 +66,58 @@ def test_history_is_jagged_and_gradients_reach_embeddings():
     for field in ("ad_id", "action", "surface", "category_id", "advertiser_id", "gap_bucket", "user_id"):
         grad = model.sparse.table(field).grad
         assert grad is not None and grad.abs().sum() > 0, field
+
+
+def test_plain_tables_hold_the_same_state_and_rows_as_the_embedding_collection():
+    features, sizes = {"hist_ad": "ad_id", "cand_ad": "ad_id", "user": "user_id"}, {"ad_id": 10, "user_id": 4}
+    torch.manual_seed(0)
+    collection = SparseArch(features, sizes, dim=8)
+    plain = SparseArch(features, sizes, dim=8, torchrec=False)
+    assert collection.state_dict().keys() == plain.state_dict().keys()
+    plain.load_state_dict(collection.state_dict())
+    ids = {
+        "hist_ad": (torch.tensor([1, 2, 3, 11, -4]), torch.tensor([3, 0, 2])),
+        "cand_ad": (torch.tensor([3, 99, 0]), torch.tensor([1, 1, 1])),
+        "user": (torch.tensor([0, 3, 7]), torch.tensor([1, 1, 1])),
+    }
+    want, got = collection(ids, batch_size=3), plain(ids, batch_size=3)
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key])
+
+
+def test_a_loaded_model_reads_without_torchrec_and_scores_as_trained(tmp_path):
+    """``load_bundle`` builds the tables as ``PlainTables``: the same scores as the trained (torchrec) model, the
+    training path (KeyedJaggedTensor, gradients on) against the loaded model's."""
+    from models.inference import ModelBundle, load_bundle, save_bundle
+    from models.ranker import Ranker
+    from tests.models.fixtures import tiny_ranker_config
+
+    torch.manual_seed(0)
+    user_cfg, ranker_cfg = tiny_user_config(), tiny_ranker_config()
+    num_dense = len(tiny_dense().columns)
+    kinds = {  # kind: (the trained model, the batches it reads)
+        "user": (
+            UserModel(user_cfg, tiny_set().vocab, num_dense),
+            (user_cfg.max_history, user_cfg.time_buckets, "last"),
+        ),
+        "ranker": (
+            Ranker(ranker_cfg, tiny_set().vocab, num_dense),
+            (ranker_cfg.recent_events, ranker_cfg.time_buckets, "request"),
+        ),
+    }
+    for kind, (trained, (history, buckets, gap_to)) in kinds.items():
+        batch = BatchBuilder(
+            tiny_set(), tiny_dense(), history_len=history, time_buckets=buckets, gap_to=gap_to
+        )(np.arange(12))
+        trained.eval()
+        save_bundle(
+            tmp_path / kind / "model.pt",
+            ModelBundle(kind, trained, tiny_set().vocab, tiny_dense(), 0, "v", ""),
+        )
+        loaded = load_bundle(tmp_path / kind).model
+        assert type(loaded.sparse.ec).__name__ == "PlainTables"
+        want = trained(batch)[0].detach()  # gradients on: the EmbeddingCollection over a KeyedJaggedTensor
+        with torch.no_grad():  # inference: rows gathered straight from the tables
+            torch.testing.assert_close(loaded(batch)[0], want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(loaded(batch)[0].detach(), want, rtol=0, atol=1e-6)  # PlainTables.forward

@@ -107,3 +107,22 @@ def test_a_cancelled_request_stops_between_batches():
     with pytest.raises(TimeoutError):
         score_shared(ranker, user, cands, batch_size=16, check=check)
     assert len(calls) == 2  # batch 1 scored, batch 2 refused, batch 3 never reached
+
+
+def test_the_server_loads_and_scripts_its_model_without_torchrec(world):
+    """A served ranker's tables are plain modules (``models.tokenizer.PlainTables``): the server process never
+    imports torchrec (~215 MB of its memory: torchrec, fbgemm and what they pull in)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import serving.server\n"
+        "from serving.model_source import load_served_model\n"
+        f"served = load_served_model({str(world.model_path)!r})\n"
+        "assert served.ranker.script_one_user() is not None\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchrec', 'fbgemm_gpu')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
