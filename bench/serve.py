@@ -286,12 +286,14 @@ def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:
     (``models.one_user``); the user side stays eager (once per request, a few small ops)."""
     import torch
 
+    from models.attention.dispatch import stop_compiles_at_boundaries
     from models.compile import use_cache_dir
     from models.data import Candidates
     from models.one_user import OneUserScorer
     from serving.scorer import score_shared
 
     use_cache_dir()
+    stop_compiles_at_boundaries()
     eager_score, scripted = ranker.score, ranker.one_user_scorer()
     fast = torch.compile(eager_score, dynamic=True)
     print(

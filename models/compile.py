@@ -5,7 +5,8 @@ and target-aware blocks' halves around the attention call, the user model's head
 norms, projections, residual adds and an activation over (tokens, d) rows: inductor fuses the elementwise
 work (LayerNorm, bias, GELU, residual, dropout, dtype casts) into a few C++ loops around the GEMMs (which stay
 oneDNN/BLAS calls), in forward and backward. The jagged attention between the regions stays eager
-(``models.attention.dispatch`` is ``torch.compiler.disable``: its buckets and loops depend on the data).
+(``models.attention.dispatch``'s entry points are compile boundaries, ``torch.compiler.disable`` once
+``compile_dense`` runs: their buckets and loops depend on the data).
 
 Regions are compiled with dynamic shapes: the token count changes every step, and one graph must serve them
 all (a recompile per step would cost more than it saves). Instances of one class share the compiled code
@@ -81,6 +82,9 @@ def compile_dense(model: nn.Module, mode: str) -> list[str]:
         if why is not None:
             log.warning("torch.compile unavailable (%s): the dense tower runs eager", why)
             return []
+    from models.attention.dispatch import stop_compiles_at_boundaries
+
+    stop_compiles_at_boundaries()
     compiled = []
     for name, module in model.named_modules():
         for method in getattr(type(module), "COMPILABLE", ()):

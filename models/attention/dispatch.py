@@ -16,8 +16,10 @@ the unbound views.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import sys
 from functools import cache
 from typing import Literal
 
@@ -31,6 +33,35 @@ _MODULES = {
     "padded_sdpa": "models.attention.padded_sdpa",
     "triton": "models.attention.triton",
 }
+
+
+_BOUNDARIES: list[tuple] = []  # (the function, the one-element list its wrapper calls through)
+
+
+def compile_boundary(fn):
+    """``torch.compiler.disable(fn)``, applied only once something compiles (``stop_compiles_at_boundaries``).
+
+    ``torch.compiler.disable`` imports ``torch._dynamo`` (with sympy, triton and inductor: ~145 MB and ~2 s)
+    in every process that imports the models, although only training with ``distributed.compile`` and the
+    benchmarks ever compile; the server never does. Until then the wrapper calls ``fn`` itself."""
+    target = [fn]
+    _BOUNDARIES.append((fn, target))
+    if "torch._dynamo" in sys.modules:  # the compiler is loaded already: no reason to wait
+        target[0] = torch.compiler.disable(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return target[0](*args, **kwargs)
+
+    return call
+
+
+def stop_compiles_at_boundaries() -> None:
+    """Make every ``compile_boundary`` a ``torch.compiler.disable``: a compiled region that calls one stops its
+    graph there and runs it eagerly (data-dependent buckets and Python loops). Called before compiling."""
+    for fn, target in _BOUNDARIES:
+        if target[0] is fn:
+            target[0] = torch.compiler.disable(fn)
 
 
 @cache
@@ -50,19 +81,19 @@ def _op(backend: Backend, device: torch.device, name: str):
 
 
 # Each call is a profiler span: the step account (models.distributed.step_account) books its ops to attention.
-@torch.compiler.disable  # data-dependent buckets and Python loops: compiled regions stop at the attention call
+@compile_boundary  # data-dependent buckets and Python loops: compiled regions stop at the attention call
 def jagged_self_attention(q, k, v, offsets, *, backend: Backend = "auto", **kwargs) -> torch.Tensor:
     with record_function("gemflow.attention"):
         return _op(backend, q.device, "jagged_self_attention")(q, k, v, offsets, **kwargs)
 
 
-@torch.compiler.disable
+@compile_boundary
 def jagged_cross_attention(q, q_offsets, k, v, kv_offsets, *, backend: Backend = "auto") -> torch.Tensor:
     with record_function("gemflow.attention"):
         return _op(backend, q.device, "jagged_cross_attention")(q, q_offsets, k, v, kv_offsets)
 
 
-@torch.compiler.disable
+@compile_boundary
 def jagged_self_attention_packed(qkv, offsets, *, backend: Backend = "auto", **kwargs) -> torch.Tensor:
     """``jagged_self_attention`` on q, k, v packed as (total, 3, H, D)."""
     with record_function("gemflow.attention"):
@@ -73,7 +104,7 @@ def jagged_self_attention_packed(qkv, offsets, *, backend: Backend = "auto", **k
         return module.jagged_self_attention(*qkv.unbind(1), offsets, **kwargs)
 
 
-@torch.compiler.disable
+@compile_boundary
 def jagged_cross_attention_packed(q, q_offsets, kv, kv_offsets, *, backend: Backend = "auto") -> torch.Tensor:
     """``jagged_cross_attention`` with k, v packed as (total_kv, 2, H, D)."""
     with record_function("gemflow.attention"):

@@ -132,3 +132,40 @@ def test_auto_falls_back_to_eager_with_one_logged_line(monkeypatch, caplog):
     assert compile_mod.compile_dense(block, "off") == []
     with pytest.raises(ValueError, match="compile mode"):
         compile_mod.compile_dense(block, "fast")
+
+
+def test_loading_the_models_leaves_the_compiler_unimported():
+    """``models.attention.dispatch``'s boundaries are plain wrappers until something compiles: a process that
+    builds and runs a model (the server) never imports torch._dynamo (~145 MB and ~2 s with sympy and triton)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torch\n"
+        "from models.layers import TargetAwareBlock\n"
+        "block = TargetAwareBlock(16, 2, 2, 0.0, 'jagged').eval()\n"
+        "q, kv = torch.randn(3, 16), block.context_kv(torch.randn(5, 16))\n"
+        "block(q, torch.tensor([0, 1, 3]), kv, torch.tensor([0, 2, 5]))\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_compiled_code_breaks_its_graph_at_the_attention_call():
+    """Once compiling starts, the attention entry points are ``torch.compiler.disable``d: a compiled function
+    that calls one stops its graph there (and the result is the eager one)."""
+    from models.attention.dispatch import jagged_cross_attention, stop_compiles_at_boundaries
+
+    stop_compiles_at_boundaries()
+    q, k, v = torch.randn(3, 2, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    q_off, kv_off = torch.tensor([0, 1, 3]), torch.tensor([0, 2, 5])
+
+    def around(q, k, v):
+        return jagged_cross_attention(q * 2, q_off, k, v, kv_off, backend="jagged").relu()
+
+    explained = torch._dynamo.explain(around)(q, k, v)
+    assert explained.graph_break_count >= 1
+    assert any("disable" in str(b.reason) for b in explained.break_reasons)
+    torch.testing.assert_close(torch.compile(around)(q, k, v), around(q, k, v))
