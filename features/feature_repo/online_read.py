@@ -1,12 +1,13 @@
 """Online reads of a feature service for a few entities, without Feast's response assembly.
 
 ``FeatureStore.get_online_features(service, rows).to_dict()`` for one user of the serving service (three views,
-SQLite) costs ~0.7 ms of CPU on a 2-core AMD EPYC, ~0.1 ms of it in the store: the rest resolves the request,
+SQLite) costs ~0.6 ms of CPU on a 2-core AMD EPYC, ~0.1 ms of it in the store: the rest resolves the request,
 builds Feast's response protobuf and turns it back into Python lists, on every request of the ranker. A
 ``ServiceReader`` resolves the service once and then makes only the calls Feast itself makes per view: the provider's
 online store's ``online_read`` (same store, same connection), values converted by Feast's own
-``feast_value_type_to_python_type``: ~0.24 ms. It returns what ``to_dict()`` returns (the join key column, then
-feature -> one value per entity, None where absent).
+``feast_value_type_to_python_type``: ~0.27 ms. It returns what ``to_dict()`` returns (the join key column, then
+feature -> one value per entity, None where absent). The service is resolved at construction: a service
+re-applied with other features is read as such by a new reader (the server's next start).
 
 Services this does not reproduce exactly (on-demand views, aliased projections, views keyed by different or
 several entities) raise ``UnsupportedForFastRead`` at construction; callers then read through Feast.
