@@ -5,7 +5,7 @@
   field (the history's ``ad_id`` and the candidate's) share one table, so they live in one vocabulary.
   Every feature is jagged over the same B users: history events (their lengths), candidates (per user), profile
   ids (one each). No padding anywhere. Models loaded for inference hold the same tables as ``PlainTables``
-  (same state_dict, no torchrec: ~215 MB less in a serving process, which never shards or trains them).
+  (same state_dict, no torchrec; a serving process, which never shards or trains them, is ~175 MB smaller).
 - ``EventTokenizer``: one history event = the sum of its field embeddings + its bucketed log time gap.
 - ``DenseTokens``: each numeric feature x_f becomes the token ``x_f * w_f + b_f`` (one token per feature).
 """
