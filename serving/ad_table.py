@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from features.feature_repo.online_read import online_reader
 from serving.parent_watch import when_parent_exits
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ def feast_ad_loader(
     guard=None,
     version: Callable[[], tuple | None] | None = None,
 ) -> Loader:
-    """A loader reading every ad of ``ad_ids()`` through the Feast SDK's online read of ``feature_service``
+    """A loader reading every ad of ``ad_ids()`` with an online read of ``feature_service`` (``online_reader``)
     (each chunk under ``guard``, ``serving.user_features.store_guard``). With ``version`` (``sqlite_version``) it
     returns None instead when the store's version and the ad ids are those of its last snapshot."""
     guard = guard if guard is not None else contextlib.nullcontext()
@@ -232,24 +233,19 @@ def feast_ad_loader(
         return snap
 
     def read(ids: np.ndarray) -> AdSnapshot:
-        service = store.get_feature_service(feature_service)
+        read_chunk = online_reader(
+            store, feature_service, "ad_id"
+        )  # 6,000 ads: 1.1 s of CPU, Feast's SDK 1.7
         values: dict[str, list] = {}
-        newest = 0
+        newest = None
         for start in range(0, len(ids), chunk):
-            rows = [{"ad_id": int(i)} for i in ids[start : start + chunk]]
             with guard:
-                resp = store.get_online_features(features=service, entity_rows=rows).to_dict(
-                    include_event_timestamps=True
-                )
-            for key, col in resp.items():
-                if key == "ad_id":
-                    continue
-                if key.endswith("__ts"):
-                    newest = max(newest, max((t for t in col if t), default=0))
-                    continue
-                values.setdefault(key, []).extend(np.nan if v is None else v for v in col)
-        as_of = dt.datetime.fromtimestamp(newest, UTC) if newest else None
-        return AdSnapshot.from_rows(ids, {k: np.asarray(v, np.float64) for k, v in values.items()}, as_of)
+                columns, as_of = read_chunk([int(i) for i in ids[start : start + chunk]])
+            for key, col in columns.items():
+                if key != "ad_id":
+                    values.setdefault(key, []).extend(np.nan if v is None else v for v in col)
+            newest = as_of if newest is None or (as_of is not None and as_of > newest) else newest
+        return AdSnapshot.from_rows(ids, {k: np.asarray(v, np.float64) for k, v in values.items()}, newest)
 
     return load
 

@@ -10,17 +10,22 @@ feature -> one value per entity, None where absent). The service is resolved at 
 re-applied with other features is read as such by a new reader (the server's next start).
 
 Services this does not reproduce exactly (on-demand views, aliased projections, views keyed by different or
-several entities) raise ``UnsupportedForFastRead`` at construction; callers then read through Feast.
+several entities) raise ``UnsupportedForFastRead`` at construction; ``online_reader`` then reads through Feast.
 ``tests/features/test_online_read.py`` compares both reads on SQLite and Redis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
 
 from feast import FeatureStore
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
+
+log = logging.getLogger(__name__)
+Reader = Callable[[Sequence], tuple[dict[str, list], dt.datetime | None]]
 
 
 class UnsupportedForFastRead(ValueError):
@@ -61,15 +66,57 @@ class ServiceReader:
 
     def read(self, entity_ids: Sequence) -> dict[str, list]:
         """The join key column, then feature -> one Python value per entity (None where the store has none)."""
+        return self.read_with_time(entity_ids)[0]
+
+    def read_with_time(self, entity_ids: Sequence) -> tuple[dict[str, list], dt.datetime | None]:
+        """``read``, and the newest event timestamp of the rows it found (UTC; None when none was found)."""
         values = python_values_to_proto_values(list(entity_ids), self.key_type)
         keys = [EntityKey(join_keys=[self.join_key], entity_values=[v]) for v in values]
         out: dict[str, list] = {self.join_key: list(entity_ids)}
+        stamps: list[dt.datetime] = []
         for view, features in self.views:
             # a copy: Redis's online_read appends its internal fields (``_ts:<view>``) to the list it is given
             rows = self.online_store.online_read(self.config, view, keys, list(features))
             for name in features:
                 out[name] = [_value(row, name) for _, row in rows]
-        return out
+            stamps += [ts for ts, row in rows if ts is not None and row]
+        return out, max(map(_utc, stamps), default=None)
+
+
+def online_reader(store: FeatureStore, service_name: str, join_key: str) -> Reader:
+    """``ids -> (to_dict()'s columns, the newest event time in whole seconds, as Feast's response has it)``:
+    through a ``ServiceReader``, or through Feast's ``get_online_features`` for a service it does not reproduce
+    (logged once, here)."""
+    try:
+        reader = ServiceReader(store, service_name)
+    except UnsupportedForFastRead as why:
+        log.info("reading %s through Feast's get_online_features (%s)", service_name, why)
+    else:
+
+        def fast(ids: Sequence) -> tuple[dict[str, list], dt.datetime | None]:
+            columns, newest = reader.read_with_time(ids)
+            return columns, None if newest is None else newest.replace(microsecond=0)
+
+        return fast
+    service = store.get_feature_service(service_name)
+
+    def through_feast(ids: Sequence) -> tuple[dict[str, list], dt.datetime | None]:
+        rows = [{join_key: i} for i in ids]
+        columns = store.get_online_features(features=service, entity_rows=rows).to_dict(
+            include_event_timestamps=True
+        )
+        seconds = max(
+            (t for name, col in columns.items() if name.endswith("__ts") for t in col if t), default=0
+        )
+        values = {name: col for name, col in columns.items() if not name.endswith("__ts")}
+        return values, dt.datetime.fromtimestamp(seconds, dt.UTC) if seconds else None
+
+    return through_feast
+
+
+def _utc(ts: dt.datetime) -> dt.datetime:
+    """Stores hand back naive UTC (SQLite) or aware timestamps; Feast reads naive ones as UTC."""
+    return ts.replace(tzinfo=dt.UTC) if ts.tzinfo is None else ts.astimezone(dt.UTC)
 
 
 def _value(row: dict | None, name: str):

@@ -6,7 +6,7 @@ import pytest
 from feast import FeatureService
 
 from features.feature_repo import FeatureStoreConfig
-from features.feature_repo.online_read import ServiceReader, UnsupportedForFastRead
+from features.feature_repo.online_read import ServiceReader, UnsupportedForFastRead, online_reader
 from features.ingest import IngestConfig
 from features.store import open_store
 from gemflow.workspace import Workspace
@@ -53,11 +53,7 @@ def test_service_reader_equals_feast_on_redis(tmp_path, redis_url):  # noqa: F81
     _assert_reads_equal(open_store(ws, cfg.feature_store))
 
 
-def test_a_service_it_does_not_reproduce_is_refused_by_name_and_the_server_reads_it_through_feast(
-    tmp_path, caplog
-):
-    from serving.user_features import service_read
-
+def test_a_service_it_does_not_reproduce_is_refused_by_name_and_read_through_feast(tmp_path, caplog):
     ws, cfg = Workspace(tmp_path / "ws"), IngestConfig()
     publish_days_and_embeddings(ws, cfg)
     store = open_store(ws, cfg.feature_store)
@@ -70,9 +66,30 @@ def test_a_service_it_does_not_reproduce_is_refused_by_name_and_the_server_reads
         ServiceReader(store, "aliased")
     with pytest.raises(UnsupportedForFastRead, match=r"keyed by \['ad', 'user'\]"):
         ServiceReader(store, "two_entities")
-    caplog.set_level("INFO", logger="serving.user_features")
-    assert service_read(store, "aliased")([1, 99]) == _feast_read(store, "aliased", "user_id", [1, 99])
+    caplog.set_level("INFO", logger="features.feature_repo.online_read")
+    columns, _ = online_reader(store, "aliased", "user_id")([1, 99])
+    assert columns == _feast_read(store, "aliased", "user_id", [1, 99])
     assert (
         "reading aliased through Feast's get_online_features (view 'user_profile' is aliased" in caplog.text
     )
-    assert service_read(store, "ranker_serving").__self__.__class__ is ServiceReader
+    online_reader(store, "ranker_serving", "user_id")
+    assert "ranker_serving" not in caplog.text  # a ServiceReader reads it
+
+
+def test_both_readers_give_the_same_columns_and_newest_event_time(tmp_path, monkeypatch):
+    """``online_reader`` through a ServiceReader and through Feast (as for a service the reader refuses): the same
+    columns and the same newest event time (whole seconds, as Feast's response reports it)."""
+    from features.feature_repo import online_read
+
+    ws, cfg = Workspace(tmp_path / "ws"), IngestConfig()
+    publish_days_and_embeddings(ws, cfg)
+    store = open_store(ws, cfg.feature_store)
+    fast = {service: online_reader(store, service, key)(ids) for service, (key, ids) in READS.items()}
+
+    def refuse(*args):
+        raise UnsupportedForFastRead("forced")
+
+    monkeypatch.setattr(online_read, "ServiceReader", refuse)
+    feast = {service: online_reader(store, service, key)(ids) for service, (key, ids) in READS.items()}
+    assert fast == feast
+    assert all(newest is not None and newest.microsecond == 0 for _, newest in fast.values())
