@@ -86,11 +86,14 @@ class ServiceReader:
 def online_reader(store: FeatureStore, service_name: str, join_key: str) -> Reader:
     """``ids -> (to_dict()'s columns, the newest event time in whole seconds, as Feast's response has it)``:
     through a ``ServiceReader``, or through Feast's ``get_online_features`` for a service it does not reproduce
-    (logged once, here)."""
+    or where building one fails (it uses the provider's online store, a Feast internal); logged once, here."""
     try:
         reader = ServiceReader(store, service_name)
     except UnsupportedForFastRead as why:
         log.info("reading %s through Feast's get_online_features (%s)", service_name, why)
+    except Exception as why:  # noqa: BLE001  a Feast internal it leans on moved (an upgrade): cost speed, not reads
+        log.warning("the fast online reader failed (%s: %s); reading %s through Feast's get_online_features",
+                    type(why).__name__, why, service_name)  # fmt: skip
     else:
 
         def fast(ids: Sequence) -> tuple[dict[str, list], dt.datetime | None]:

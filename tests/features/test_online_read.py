@@ -93,3 +93,23 @@ def test_both_readers_give_the_same_columns_and_newest_event_time(tmp_path, monk
     feast = {service: online_reader(store, service, key)(ids) for service, (key, ids) in READS.items()}
     assert fast == feast
     assert all(newest is not None and newest.microsecond == 0 for _, newest in fast.values())
+
+
+def test_a_moved_feast_internal_falls_back_to_feasts_read_with_one_warning(tmp_path, monkeypatch, caplog):
+    """A Feast upgrade that moves what the reader leans on (``FeatureStore._get_provider``, which Feast's own read
+    keeps using) costs speed, not the reads."""
+    from features.feature_repo import online_read
+
+    ws, cfg = Workspace(tmp_path / "ws"), IngestConfig()
+    publish_days_and_embeddings(ws, cfg)
+    store = open_store(ws, cfg.feature_store)
+
+    def moved(*args):
+        raise AttributeError("'FeatureStore' object has no attribute '_get_provider'")
+
+    monkeypatch.setattr(online_read, "ServiceReader", moved)
+    caplog.set_level("INFO", logger="features.feature_repo.online_read")
+    columns, _ = online_reader(store, "ranker_serving", "user_id")([1, 99])
+    assert columns == _feast_read(store, "ranker_serving", "user_id", [1, 99])
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "AttributeError" in warnings[0].getMessage()
