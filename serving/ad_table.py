@@ -221,6 +221,7 @@ def feast_ad_loader(
     returns None instead when the store's version and the ad ids are those of its last snapshot."""
     guard = guard if guard is not None else contextlib.nullcontext()
     last: dict = {}  # "version" and "ids" of the last snapshot built (recorded only once it is built)
+    reader: dict = {}  # "chunk": the online reader of feature_service
 
     def load() -> AdSnapshot | None:
         ids = np.unique(np.asarray(ad_ids(), np.int64))
@@ -233,19 +234,20 @@ def feast_ad_loader(
         return snap
 
     def read(ids: np.ndarray) -> AdSnapshot:
-        read_chunk = online_reader(
-            store, feature_service, "ad_id"
-        )  # 6,000 ads: 1.1 s of CPU, Feast's SDK 1.7
+        if "chunk" not in reader:  # resolved once (6,000 ads: 1.1 s of CPU per read, Feast's SDK 1.7)
+            reader["chunk"] = online_reader(store, feature_service, "ad_id")
         values: dict[str, list] = {}
-        newest = None
+        stamps = []
         for start in range(0, len(ids), chunk):
             with guard:
-                columns, as_of = read_chunk([int(i) for i in ids[start : start + chunk]])
+                columns, newest = reader["chunk"]([int(i) for i in ids[start : start + chunk]])
             for key, col in columns.items():
                 if key != "ad_id":
                     values.setdefault(key, []).extend(np.nan if v is None else v for v in col)
-            newest = as_of if newest is None or (as_of is not None and as_of > newest) else newest
-        return AdSnapshot.from_rows(ids, {k: np.asarray(v, np.float64) for k, v in values.items()}, newest)
+            if newest is not None:
+                stamps.append(newest)
+        as_of = max(stamps, default=None)
+        return AdSnapshot.from_rows(ids, {k: np.asarray(v, np.float64) for k, v in values.items()}, as_of)
 
     return load
 
