@@ -252,6 +252,9 @@ def shared_vs_recompute(
 
     one = ranker.one_user_scorer()  # None for models the one-user path does not serve (pooling ablations)
     gemms = "" if one is None else f", {'oneDNN' if one.head.use_onednn else 'PyTorch'} GEMMs"
+    if one is not None:
+        fused = type(one.blocks[0].attention).__name__ == "FusedAttention"
+        gemms += ", gemflow's fused attention" if fused else ", attention in PyTorch ops"
     print("\n== shared K/V vs recomputing the user side per candidate (in process, same model and inputs)")
     print(f"   model {served.version}: d_model {cfg.d_model}, {cfg.num_layers} blocks, {e} recent events "
           f"+ {0 if tokens is None else cfg.num_user_tokens} user tokens; 1 torch thread; CPU ms (best of {reps}); "

@@ -36,7 +36,13 @@ RUN case "${VARIANT}" in \
     && /opt/gemflow/bin/pip install --no-cache-dir --no-deps -r /tmp/rest.txt -r docker/cluster-extras.txt
 # Sources last, so editing code does not reinstall the stack. .dockerignore whitelists what enters the context.
 COPY . .
+# gemflow's C++ kernels (models/attention/native.py), built here where a compiler is: the runtime has none. They
+# pick AVX2 or their portable path at run time, so the image runs on any x86-64 node.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++=4:12.2.0-3 \
+    && rm -rf /var/lib/apt/lists/*
 RUN /opt/gemflow/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
+    && GEMFLOW_KERNELS_DIR=/opt/gemflow/kernels /opt/gemflow/bin/python -m models.attention.native \
     && mkdir -p configs \
     && find /opt/gemflow -name '__pycache__' -type d -prune -exec rm -rf {} +
 
@@ -58,6 +64,7 @@ ENV PATH=/opt/gemflow/bin:${PATH} \
     PYTHONDONTWRITEBYTECODE=1 \
     MPLCONFIGDIR=/tmp/matplotlib \
     TORCH_EXTENSIONS_DIR=/tmp/torch_extensions \
+    GEMFLOW_KERNELS_DIR=/opt/gemflow/kernels \
     MLFLOW_DISABLE_TELEMETRY=true \
     DO_NOT_TRACK=true \
     GX_ANALYTICS_ENABLED=false

@@ -1,7 +1,7 @@
 """``Ranker.user_side`` and ``Ranker.score`` for ONE user at inference: the serving path, scriptable with TorchScript.
 
 With one user the jagged layout is a single dense block: every candidate attends over the same context
-(``models.attention.shared_context``), the linear layers run on oneDNN with their bias, GELU and residual fused
+(``models.attention.shared_context``; gemflow's fused C++ op where it is built), the linear layers run on oneDNN with their bias, GELU and residual fused
 (``models.onednn``) or on PyTorch's own GEMMs, whichever ``script`` measured faster on this CPU, and the head's
 LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's share is computed once
 (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids gathered straight
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import onednn
-from models.attention.shared_context import attend, context_layout
+from models.attention.shared_context import attention_module, context_layout
 from models.data import EVENT_ID_FIELDS
 from models.layers import FeedForward
 from models.tokenizer import GAP_TABLE, SparseArch, gather_rows
@@ -38,12 +38,13 @@ log = logging.getLogger(__name__)
 class OneUserBlock(nn.Module):
     """``TargetAwareBlock.forward`` for the candidates of one user, given the context's K/V layout."""
 
-    def __init__(self, block, use_onednn: bool = True):
+    def __init__(self, block, use_onednn: bool = True, attention: nn.Module | None = None):
         super().__init__()
         up, _, down, _ = block.ffn.net  # Linear, GELU, Linear, Dropout (identity in eval)
         self.norm_q, self.q, self.out = block.norm_q, block.attn.q, block.attn.out
         self.norm2, self.up, self.down = block.norm2, up, down
         self.use_onednn = use_onednn
+        self.attention = attention_module() if attention is None else attention
 
     def forward(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, projected: torch.Tensor | None
@@ -52,7 +53,9 @@ class OneUserBlock(nn.Module):
         dnn = self.use_onednn
         if projected is None:
             projected = onednn.linear(self.norm_q(q), self.q.weight, self.q.bias, "none", None, dnn)
-        q = onednn.linear(attend(projected, keys, values), self.out.weight, self.out.bias, "none", q, dnn)
+        q = onednn.linear(
+            self.attention(projected, keys, values), self.out.weight, self.out.bias, "none", q, dnn
+        )
         h = onednn.linear(self.norm2(q), self.up.weight, self.up.bias, "gelu", None, dnn)
         return onednn.linear(h, self.down.weight, self.down.bias, "none", q, dnn)
 
@@ -107,9 +110,12 @@ class OneUserScorer(nn.Module):
     """(N, 2) logits of one user's N candidates from their tokens and the user's per-block K/V; and
     ``user_side``, that K/V (and the profile) from the user's ids."""
 
-    def __init__(self, ranker, use_onednn: bool = True):
+    def __init__(self, ranker, use_onednn: bool = True, attention: nn.Module | None = None):
+        """``attention``: the candidates' attention over the context (default ``attention_module()``: the fused
+        C++ op where it is built)."""
         super().__init__()
-        self.blocks = nn.ModuleList([OneUserBlock(block, use_onednn) for block in ranker.blocks])
+        attention = attention_module() if attention is None else attention
+        self.blocks = nn.ModuleList([OneUserBlock(block, use_onednn, attention) for block in ranker.blocks])
         self.head = OneUserHead(ranker.head, use_onednn)
         fields = [*EVENT_ID_FIELDS, GAP_TABLE]
         self.event_tables = [ranker.sparse.table(f) for f in fields]

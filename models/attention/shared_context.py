@@ -14,6 +14,10 @@ tile, and its element-wise exponentials are the 1-ulp ``exp``; ``torch.exp2`` (a
 ``torch.exp`` on this AMD EPYC (264 k floats: 0.061 vs 0.22 ms, one thread). Two target-aware blocks of a
 1,000-candidate request: 2.06 -> 1.53 ms of CPU, measured side by side (docs/serving-speed.md). Differences to SDPA
 are float32 rounding (~1e-6 relative; the tests compare with ``reference_attend``).
+
+``FusedAttention`` is the same attention as one C++ op (``shared_context_attend.cpp``, ``models.attention.native``):
+scores, softmax and values a few rows at a time in registers, none of the (H, N, T) intermediates written out; the
+serving path uses it where the op is built (``TorchAttention`` calls ``attend``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 # exp2 of row sums inside (2^-60, 2^100): no term overflowed (each < 2^127) and the sum kept float32's precision
 # (no normal term lost below 2^-126); only then is the softmax computed without the max shift. (Literals in the
@@ -51,6 +56,27 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.T
         sums = probs.sum(-1, keepdim=True)
     out = torch.bmm(probs, values).div_(sums)  # (H, N, d)
     return out.transpose(0, 1).reshape(n, width)
+
+
+class TorchAttention(nn.Module):
+    """``attend`` as a module (the one-user path holds one attention module; TorchScript compiles only its own)."""
+
+    def forward(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return attend(q, keys, values)
+
+
+class FusedAttention(nn.Module):
+    """``attend`` by gemflow's C++ op; construct it only after ``models.attention.native.load()`` returned True."""
+
+    def forward(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return torch.ops.gemflow.shared_context_attend(q, keys, values, True)
+
+
+def attention_module() -> nn.Module:
+    """The fused op where it is built on this machine, else PyTorch's ops."""
+    from models.attention import native
+
+    return FusedAttention() if native.load() else TorchAttention()
 
 
 def reference_attend(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:

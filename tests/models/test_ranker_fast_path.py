@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from models import one_user
+from models.attention import native
+from models.attention.shared_context import FusedAttention, TorchAttention
 from models.data import Candidates, Events, Profile
 from models.ranker import Ranker
 from tests.models.fixtures import tiny_ranker_config
@@ -170,12 +172,18 @@ def test_one_user_side_equals_the_training_user_side(torchscript, n_events, toke
             model.sparse.table("gender").add_(1.0)
 
 
+@pytest.mark.parametrize(
+    "attention", [FusedAttention, TorchAttention], ids=["fused_attention", "torch_attention"]
+)
 @pytest.mark.parametrize("use_onednn", [True, False], ids=["onednn", "pytorch_gemms"])
-def test_both_gemm_kernels_of_the_scripted_path_equal_the_training_path(use_onednn):
-    """``one_user.script`` keeps whichever kernel is faster on the CPU: each must give the training path's scores
-    (300 candidates: enough rows for the oneDNN path to apply)."""
+def test_both_gemm_kernels_of_the_scripted_path_equal_the_training_path(use_onednn, attention):
+    """``one_user.script`` keeps whichever GEMM kernel is faster on the CPU, and the attention is gemflow's fused op
+    where it is built: each combination must give the training path's scores (300 candidates: enough rows for the
+    oneDNN path to apply)."""
+    assert native.load()
     model = _model()
-    model.__dict__["_one_user"] = torch.jit.script(one_user.OneUserScorer(model, use_onednn).eval())
+    scorer = one_user.OneUserScorer(model, use_onednn, attention())
+    model.__dict__["_one_user"] = torch.jit.script(scorer.eval())
     inputs = _inputs([12], [300])
     torch.testing.assert_close(
         _scores(model, inputs, fast=True), _scores(model, inputs, fast=False), rtol=0, atol=1e-5
@@ -187,6 +195,7 @@ def test_script_keeps_the_faster_kernel_and_says_which(caplog):
     with caplog.at_level(logging.INFO, logger="models.one_user"):
         scripted = one_user.script(model, rows=200)
     assert scripted is not None and scripted.head.use_onednn in (True, False)
+    assert isinstance(scripted.blocks[0].attention, FusedAttention)  # built on this machine: used
     chosen = "oneDNN's" if scripted.head.use_onednn else "PyTorch's"
     assert [r.getMessage().endswith(f"using {chosen}") for r in caplog.records] == [True]
 
