@@ -42,7 +42,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends g++=4:12.2.0-3 \
     && rm -rf /var/lib/apt/lists/*
 RUN /opt/gemflow/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
-    && GEMFLOW_KERNELS_DIR=/opt/gemflow/kernels /opt/gemflow/bin/python -m models.attention.native \
+    && GEMFLOW_KERNELS_DIR=/opt/gemflow/kernels /opt/gemflow/bin/python -m models.native \
     && mkdir -p configs \
     && find /opt/gemflow -name '__pycache__' -type d -prune -exec rm -rf {} +
 

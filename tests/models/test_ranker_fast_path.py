@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from models import one_user
-from models.attention import native
+from models import native, one_user
 from models.attention.shared_context import FusedAttention, TorchAttention
 from models.data import Candidates, Events, Profile
 from models.ranker import Ranker

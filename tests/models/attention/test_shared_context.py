@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.attention import native
+from models import native
 from models.attention.shared_context import (
     FusedAttention,
     TorchAttention,

@@ -33,6 +33,45 @@
 
 namespace {
 
+#ifdef GEMFLOW_X86
+// 2^x for x <= 0: 2^n * 2^f with n = round(x), |f| <= 1/2, and 2^f = e^(f ln 2) by its Taylor series to degree 6
+// (truncation < 1.3e-7 relative: float32's own rounding). Below 2^-126 (far under a softmax term that counts
+// next to its row's max, which is 1) the result is clamped to 2^-126.
+__attribute__((target("avx2,fma"))) inline __m256 exp2_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+__attribute__((target("avx2,fma"))) inline float horizontal_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+__attribute__((target("avx2,fma"))) inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
 // The raw operands of one call: heads of ``dim`` values, ``ctx`` context tokens.
 struct Operands {
   const float* q;       // (N, H * dim)
@@ -69,38 +108,6 @@ void attend_rows_scalar(const Operands& a, int64_t begin, int64_t end) {
 }
 
 #ifdef GEMFLOW_X86
-
-// 2^x for x <= 0: 2^n * 2^f with n = round(x), |f| <= 1/2, and 2^f = e^(f ln 2) by its Taylor series to degree 6
-// (truncation < 1.3e-7 relative: float32's own rounding). Below 2^-126 (far under a softmax term that counts
-// next to its row's max, which is 1) the result is clamped to 2^-126.
-__attribute__((target("avx2,fma"))) inline __m256 exp2_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-__attribute__((target("avx2,fma"))) inline float horizontal_max(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-__attribute__((target("avx2,fma"))) inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Scores and softmax of one row of one head, the context in ``VECS`` registers of 8 scores (VECS = 0: any length,
 // the scores in ``probs``): leaves the row's unnormalized probabilities in ``probs`` and returns 1 / their sum.
@@ -233,11 +240,6 @@ RowsFn pick_rows_fn(int64_t dim, int64_t vecs) {
     case 24: return pick_rows_fn<24>(vecs);
     default: return pick_rows_fn<32>(vecs);
   }
-}
-
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
 }
 
 #endif  // GEMFLOW_X86

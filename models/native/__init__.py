@@ -2,8 +2,8 @@
 loaded from the cache.
 
 Today one op: ``shared_context_attend`` (``shared_context_attend.cpp``), the serving path's attention of a request's
-candidates over its user's context, fused. The build (g++, ~20 s) happens on first use, or ahead of time with
-``python -m models.attention.native`` (``make setup`` and the image do it); the library lands in
+candidates over its user's context, fused. The build (g++, ~15 s) happens on first use, or ahead of time with
+``python -m models.native`` (``make setup`` and the image do it); the library lands in
 ``$GEMFLOW_KERNELS_DIR`` (default ``$TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``) under a name keyed
 by the source, the compiler flags and the torch version, so a changed source or another torch builds anew and a
 cached one is loaded without importing the builder. The library runs on any x86-64 CPU (its AVX2 code is chosen at
@@ -25,7 +25,8 @@ import torch
 log = logging.getLogger(__name__)
 
 NAME = "gemflow_kernels"
-SOURCES = (Path(__file__).with_name("shared_context_attend.cpp"),)
+HERE = Path(__file__).parent
+SOURCES = (HERE / "shared_context_attend.cpp",)
 CFLAGS = ("-O3", "-fno-math-errno")
 
 
@@ -65,8 +66,10 @@ def load() -> bool:
                 is_python_module=False, verbose=False,
             )  # fmt: skip
     except Exception as exc:  # no compiler, a read-only cache: PyTorch's ops still serve
+        lines = str(exc).splitlines()
+        why = [line for line in lines if "error" in line.lower()][-3:] or lines[:1]  # the compiler's own words
         log.warning("gemflow's C++ kernels are not available (%s: %s); using PyTorch's ops",
-                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")  # fmt: skip
+                    type(exc).__name__, " | ".join(why))  # fmt: skip
         return False
     return True
 
