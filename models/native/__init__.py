@@ -67,7 +67,9 @@ def load() -> bool:
             )  # fmt: skip
     except Exception as exc:  # no compiler, a read-only cache: PyTorch's ops still serve
         lines = str(exc).splitlines()
-        why = [line for line in lines if "error" in line.lower()][-3:] or lines[:1]  # the compiler's own words
+        why = [line for line in lines if "error" in line.lower()][-3:] or lines[
+            :1
+        ]  # the compiler's own words
         log.warning("gemflow's C++ kernels are not available (%s: %s); using PyTorch's ops",
                     type(exc).__name__, " | ".join(why))  # fmt: skip
         return False
