@@ -67,9 +67,8 @@ def load() -> bool:
             )  # fmt: skip
     except Exception as exc:  # no compiler, a read-only cache: PyTorch's ops still serve
         lines = str(exc).splitlines()
-        why = [line for line in lines if "error" in line.lower()][-3:] or lines[
-            :1
-        ]  # the compiler's own words
+        # the compiler's own words, not the build command
+        why = [line for line in lines if "error" in line.lower()][-3:] or lines[:1]
         log.warning("gemflow's C++ kernels are not available (%s: %s); using PyTorch's ops",
                     type(exc).__name__, " | ".join(why))  # fmt: skip
         return False
