@@ -55,24 +55,35 @@ def load() -> bool:
     library = directory / f"{NAME}.so"
     try:
         if library.is_file():
-            torch.ops.load_library(str(library))
-        else:
-            from torch.utils import cpp_extension  # imports setuptools: only when there is something to build
-
-            directory.mkdir(parents=True, exist_ok=True)
-            log.info("building gemflow's C++ kernels into %s (once per machine and torch version)", directory)
-            cpp_extension.load(
-                NAME, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS), build_directory=str(directory),
-                is_python_module=False, verbose=False,
-            )  # fmt: skip
+            try:
+                torch.ops.load_library(str(library))
+                return True
+            except OSError as exc:  # a build cut short (a killed process): build it again
+                log.warning("the cached kernels %s do not load (%s): building them again", library, exc)
+                library.unlink()
+        _build(directory)
     except Exception as exc:  # no compiler, a read-only cache: PyTorch's ops still serve
         lines = str(exc).splitlines()
-        # the compiler's own words, not the build command
-        why = [line for line in lines if "error" in line.lower()][-3:] or lines[:1]
+        # the compiler's own words, not the build command on the first line
+        rest = [line for line in lines[1:] if line.strip()]
+        why = [line for line in rest if "error" in line.lower()][-3:] or rest[-2:] or lines[:1]
         log.warning("gemflow's C++ kernels are not available (%s: %s); using PyTorch's ops",
                     type(exc).__name__, " | ".join(why))  # fmt: skip
         return False
     return True
+
+
+def _build(directory: Path) -> None:
+    """Compile and link ``SOURCES`` into ``directory`` and load the library (torch's builder locks the directory:
+    processes starting together build once)."""
+    from torch.utils import cpp_extension  # imports setuptools: only when there is something to build
+
+    directory.mkdir(parents=True, exist_ok=True)
+    log.info("building gemflow's C++ kernels into %s (once per machine and torch version)", directory)
+    cpp_extension.load(
+        NAME, [str(s) for s in SOURCES], extra_cflags=list(CFLAGS), build_directory=str(directory),
+        is_python_module=False, verbose=False,
+    )  # fmt: skip
 
 
 def main() -> int:

@@ -111,6 +111,7 @@ void attend_rows_scalar(const Operands& a, int64_t begin, int64_t end) {
 
 // Scores and softmax of one row of one head, the context in ``VECS`` registers of 8 scores (VECS = 0: any length,
 // the scores in ``probs``): leaves the row's unnormalized probabilities in ``probs`` and returns 1 / their sum.
+// (Not inlined: inlined into the tile, GCC kept the exponential's constants in registers and spilled the scores.)
 template <int VECS, int DIM>
 __attribute__((target("avx2,fma"), noinline)) float row_probs(const float* qi, const float* kp, int64_t vecs,
                                                           __m256 tail_mask, float* probs) {
