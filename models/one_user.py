@@ -1,12 +1,12 @@
 """``Ranker.user_side`` and ``Ranker.score`` for ONE user at inference: the serving path, scriptable with TorchScript.
 
 With one user the jagged layout is a single dense block: every candidate attends over the same context
-(``models.attention.shared_context``; gemflow's fused C++ op where it is built), the linear layers run on oneDNN with their bias, GELU and residual fused
-(``models.onednn``) or on PyTorch's own GEMMs, whichever ``script`` measured faster on this CPU, and the head's
-LayerNorm + Linear over [candidate ++ profile] is expanded so that the profile's share is computed once
-(``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids gathered straight
-from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The modules here hold the
-ranker's own layers and tables (no copies): they follow its weights.
+(``models.attention.shared_context``: gemflow's fused C++ op where it is built), the linear layers run on oneDNN
+with their bias, GELU and residual fused (``models.onednn``) or on PyTorch's own GEMMs, whichever ``script``
+measured faster on this CPU, and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the
+profile's share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids
+gathered straight from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The
+modules here hold the ranker's own layers and tables (no copies): they follow its weights.
 
 Why TorchScript: a 1,000-candidate request is ~100 small torch ops, and every op releases and re-takes the GIL. A
 server scores on two threads next to its event loop and store-read threads, so nearly every re-take waits on a
@@ -38,13 +38,12 @@ log = logging.getLogger(__name__)
 class OneUserBlock(nn.Module):
     """``TargetAwareBlock.forward`` for the candidates of one user, given the context's K/V layout."""
 
-    def __init__(self, block, use_onednn: bool = True, attention: nn.Module | None = None):
+    def __init__(self, block, use_onednn: bool, attention: nn.Module):
         super().__init__()
         up, _, down, _ = block.ffn.net  # Linear, GELU, Linear, Dropout (identity in eval)
         self.norm_q, self.q, self.out = block.norm_q, block.attn.q, block.attn.out
         self.norm2, self.up, self.down = block.norm2, up, down
-        self.use_onednn = use_onednn
-        self.attention = attention_module() if attention is None else attention
+        self.use_onednn, self.attention = use_onednn, attention
 
     def forward(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, projected: torch.Tensor | None
