@@ -36,9 +36,10 @@ namespace {
 #ifdef GEMFLOW_X86
 // 2^x for x <= 0: 2^n * 2^f with n = round(x), |f| <= 1/2, and 2^f = e^(f ln 2) by its Taylor series to degree 6
 // (truncation < 1.3e-7 relative: float32's own rounding). Below 2^-126 (far under a softmax term that counts
-// next to its row's max, which is 1) the result is clamped to 2^-126.
+// next to its row's max, which is 1) the result is clamped to 2^-126. A NaN stays NaN (maxps returns its second
+// operand when either is NaN), so a NaN score reaches the output as in PyTorch's softmax.
 __attribute__((target("avx2,fma"))) inline __m256 exp2_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
+  x = _mm256_max_ps(_mm256_set1_ps(-126.f), x);
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
   __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);

@@ -134,6 +134,17 @@ def test_scripted_matches_eager():
         )
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_nan_query_gives_nan_as_pytorch_does(impl):
+    """A broken input is not hidden: the NaN row's head reads NaN, as SDPA's does; other rows are untouched."""
+    q, kv = _inputs(9, 20, 2, 16)
+    q[4, 3] = float("nan")
+    got, ref = IMPLEMENTATIONS[impl](q, *context_layout(kv)), reference_attend(q, kv)
+    assert torch.equal(got.isnan(), ref.isnan()) and got[4, :16].isnan().all()
+    keep = torch.arange(9) != 4
+    torch.testing.assert_close(got[keep], ref[keep], rtol=0, atol=2e-6)
+
+
 def test_fused_op_uses_avx2_where_the_cpu_has_it():
     """The vectorized path is not silently lost on the CPUs it is for (head dims 8-32, multiples of 8)."""
     vectorizes = torch.ops.gemflow.shared_context_attend_vectorizes
