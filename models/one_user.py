@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import onednn
-from models.attention.shared_context import attention_module, context_layout
+from models.attention.shared_context import FusedAttention, attention_module, context_layout
 from models.data import EVENT_ID_FIELDS
 from models.layers import FeedForward
 from models.tokenizer import GAP_TABLE, SparseArch, gather_rows
@@ -189,8 +189,10 @@ def script(ranker, rows: int = 1000) -> torch.jit.ScriptModule | None:
         return variants[False]
     ms = _time_variants(variants, _probe_inputs(ranker, rows))
     use = min(ms, key=ms.get)
-    log.info("one-user scorer: %d candidates in %.2f ms with oneDNN's GEMMs, %.2f ms with PyTorch's: using %s",
-             rows, ms[True], ms[False], "oneDNN's" if use else "PyTorch's")  # fmt: skip
+    fused = isinstance(variants[use].blocks[0].attention, FusedAttention)
+    log.info("one-user scorer (attention: %s): %d candidates in %.2f ms with oneDNN's GEMMs, %.2f ms with PyTorch's: "
+             "using %s", "gemflow's fused op" if fused else "PyTorch's ops", rows, ms[True], ms[False],
+             "oneDNN's" if use else "PyTorch's")  # fmt: skip
     return variants[use]
 
 

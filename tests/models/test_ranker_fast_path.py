@@ -197,6 +197,7 @@ def test_script_keeps_the_faster_kernel_and_says_which(caplog):
     assert isinstance(scripted.blocks[0].attention, FusedAttention)  # built on this machine: used
     chosen = "oneDNN's" if scripted.head.use_onednn else "PyTorch's"
     assert [r.getMessage().endswith(f"using {chosen}") for r in caplog.records] == [True]
+    assert "(attention: gemflow's fused op)" in caplog.records[0].getMessage()
 
 
 def test_timing_picks_the_faster_variant():
