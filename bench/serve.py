@@ -253,7 +253,9 @@ def shared_vs_recompute(
     one = ranker.one_user_scorer()  # None for models the one-user path does not serve (pooling ablations)
     gemms = "" if one is None else f", {'oneDNN' if one.head.use_onednn else 'PyTorch'} GEMMs"
     if one is not None:
-        fused = type(one.blocks[0].attention).__name__ == "FusedAttention"
+        from models.attention.shared_context import FusedAttention
+
+        fused = isinstance(one.blocks[0].attention, FusedAttention)
         gemms += ", gemflow's fused attention" if fused else ", attention in PyTorch ops"
     print("\n== shared K/V vs recomputing the user side per candidate (in process, same model and inputs)")
     print(f"   model {served.version}: d_model {cfg.d_model}, {cfg.num_layers} blocks, {e} recent events "

@@ -31,7 +31,8 @@ CFLAGS = ("-O3", "-fno-math-errno")
 
 
 def build_directory() -> Path:
-    """Where this source + flags + torch version is built (``TORCH_EXTENSIONS_DIR``, as torch's own builds)."""
+    """Where this source + flags + torch version is built: under ``GEMFLOW_KERNELS_DIR`` (a prebuilt image's),
+    else ``TORCH_EXTENSIONS_DIR`` (where torch's own builds go), else ``~/.cache/torch_extensions``."""
     key = hashlib.sha256()
     for src in SOURCES:
         key.update(src.read_bytes())
