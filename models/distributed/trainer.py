@@ -57,6 +57,7 @@ from models.distributed.step_account import account
 from models.loop import LoopConfig, LoopState, run_loop
 from models.malloc import keep_freed_memory
 from models.metrics import binary_metrics
+from models.row_buckets import bucket_linear_rows
 
 log = logging.getLogger("gemflow.distributed")
 # Fault injection for the crash-during-checkpoint test: this rank exits hard halfway through writing step N.
@@ -173,6 +174,11 @@ def build(cfg: TrainRunConfig, ws: Workspace, resumed: dict | None = None) -> Pa
         swap_in_moe(model.blocks, cfg.user_model.ffn, dc.moe, rank=rank, seed=cfg.optim.seed)
     tower = DenseTower(model)
     fp8_modules = convert_to_float8(tower, dc.fp8)
+    if device.type == "cpu" and dtype == torch.bfloat16 and dc.compile == "off":
+        # oneDNN compiles a kernel per GEMM shape: a few row counts (models.row_buckets), not new ones each step
+        swapped = bucket_linear_rows(tower)
+        if rank == 0:
+            log.info("%d linear layers run on bucketed row counts (bf16 on CPU)", swapped)
     compile_dense(tower.model, dc.compile)  # after FP8: compiled regions call whatever Linears are in place
     comm = dc.sparse_comm
     if comm == "auto":
