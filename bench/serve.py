@@ -281,8 +281,51 @@ def shared_vs_recompute(
         print(f"  {n:>5} candidates: shared {t_shared:8.2f} ms | per-candidate calls {t_naive:9.1f} ms "
               f"({t_naive / t_shared:6.1f}x) | batched recompute {t_batched:8.1f} ms ({t_batched / t_shared:5.1f}x)"
               f" | max |diff| {diff:.1e}")  # fmt: skip
+    if one is not None:
+        varied_counts(ranker, user, sizes, ints, vocab, served)
     if compiled:
         compiled_scorer(ranker, user, sizes, reps, ints, vocab, served)
+
+
+def varied_counts(ranker, user, sizes, ints, vocab, served, requests: int = 400) -> None:
+    """Requests of varied candidate counts (uniform within +-20% of each size, as retrieval hands them over): the
+    one-user scorer on exactly N rows vs on rows padded to ``bucket_rows(N)`` (``one_user.score_padded``, what
+    serving runs), alternating; CPU ms of the scorer call per request over the second half (the first warms the
+    GEMM kernels each shape needs)."""
+    import random
+    import statistics
+
+    import torch
+
+    from models import one_user
+    from models.data import Candidates
+
+    print(
+        f"   varied candidate counts ({requests} requests), scorer CPU ms per request over the last half, median / mean:"
+    )
+    rng = random.Random(0)
+    with torch.inference_mode():
+        mask = None if user.user_tokens is None else torch.ones(1, dtype=torch.bool)
+        side = ranker.user_side(user.recent, user.profile, user.user_tokens, mask)
+        scorer, args = ranker.one_user_scorer(), (side.kv, side.profile.reshape(-1))
+        for n in sizes:
+            ms: dict[str, list[float]] = {"exact rows": [], "padded rows": []}
+            for i in range(requests):  # the two variants alternate; odd counts: never a padded size
+                count = rng.randint(int(n * 0.8), int(n * 1.2)) | 1
+                cands = Candidates(ints(vocab["ad_id"], count), ints(vocab["advertiser_id"], count),
+                                   ints(vocab["category_id"], count), torch.zeros(count, dtype=torch.int64),
+                                   torch.randn(count, len(served.dense.columns)), torch.tensor([0, count]))  # fmt: skip
+                q = ranker.candidate_queries(cands, project=True)
+                if i % 2 == 0:
+                    t = _cpu_ms(lambda q=q: scorer(q.token, q.first_query, *args))
+                else:
+                    t = _cpu_ms(lambda q=q: one_user.score_padded(scorer, q.token, q.first_query, *args))
+                if i >= requests // 2:
+                    ms["padded rows" if i % 2 else "exact rows"].append(t)
+            figures = " | ".join(
+                f"{k} {statistics.median(v):6.2f} / {statistics.mean(v):6.2f}" for k, v in ms.items()
+            )
+            print(f"  {n:>5} candidates +-20%: {figures}")
 
 
 def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:

@@ -198,11 +198,13 @@ class Ranker(nn.Module):
         """(N, 2) logits; ``cands.offsets`` groups the N candidates by the users of ``side``. ``queries``: the
         candidates' ``candidate_queries`` when the caller has them already (serving caches them per ad)."""
         b = side.offsets.numel() - 1
-        one_user = b == 1 and not torch.is_grad_enabled()
+        one_user_path = b == 1 and not torch.is_grad_enabled()
         if queries is None:
-            queries = self.candidate_queries(cands, project=one_user)
-        if one_user and (scorer := self.one_user_scorer()) is not None:
-            return scorer(queries.token, queries.first_query, side.kv, side.profile.reshape(-1))
+            queries = self.candidate_queries(cands, project=one_user_path)
+        if one_user_path and (scorer := self.one_user_scorer()) is not None:
+            return one_user.score_padded(
+                scorer, queries.token, queries.first_query, side.kv, side.profile.reshape(-1)
+            )
         q0 = q = queries.token  # the candidate's one token
         if self.cfg.pooling == "target":
             for block, kv in zip(self.blocks, side.kv, strict=True):

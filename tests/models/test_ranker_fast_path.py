@@ -213,3 +213,29 @@ def test_timing_picks_the_faster_variant():
     ms = one_user._time_variants({"slow": slow, "fast": fast}, (), warm=2, rounds=3)
     assert min(ms, key=ms.get) == "fast" and ms["slow"] >= 5.0
     assert calls == {"slow": 5, "fast": 5}  # warm-up calls, then alternating timed rounds
+
+
+@pytest.mark.parametrize("torchscript", [False, True], ids=["eager", "torchscript"])
+def test_candidate_rows_are_padded_to_a_few_sizes_without_changing_a_score(torchscript):
+    """``one_user.score_padded``: the scorer sees ``bucket_rows(N)`` rows (zeros past N); every candidate's score is
+    the one it gets unpadded."""
+    model = _model()
+    assert not torchscript or model.script_one_user()
+    scorer = model.one_user_scorer()
+    seen = []
+    for n in (255, 257, 300, 1000):
+        events, profile, cands, tokens = _inputs([12], [n])
+        with torch.no_grad():
+            side = model.user_side(events, profile, tokens, torch.ones(1, dtype=torch.bool))
+            queries = model.candidate_queries(cands, project=True)
+            args = (side.kv, side.profile.reshape(-1))
+            plain = scorer(queries.token, queries.first_query, *args)
+
+            def watched(token, *rest):
+                seen.append(token.shape[0])
+                return scorer(token, *rest)
+
+            padded = one_user.score_padded(watched, queries.token, queries.first_query, *args)
+            torch.testing.assert_close(padded, plain, rtol=0, atol=1e-5)
+            torch.testing.assert_close(model.score(side, cands), plain, rtol=0, atol=1e-5)
+    assert seen == [255, 264, 304, 1008]
