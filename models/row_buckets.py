@@ -1,20 +1,21 @@
-"""Linear layers whose GEMMs see a few row counts, not a new one every step (bf16 training on CPU).
+"""GEMMs that see a few row counts, not a new one every step or request: oneDNN compiles a kernel per shape.
 
-PyTorch runs a bf16 ``nn.Linear`` on CPU through oneDNN, which builds a primitive for every GEMM shape: it
-JIT-compiles a kernel for it (AMX / AVX-512 brgemm code) and keeps it in a cache of 1,024 entries. The dense
-tower's token count changes every step (users are packed to a token budget), so every step met new shapes:
-its forward and backward GEMMs were compiled again (measured on an AMX Xeon, 1 thread, a (7,000 x 256) x
-(256 x 1,024) linear forward + backward: 27 ms with a repeated row count, 50 ms with a new one each call), and
-the new primitives' code and scratch memory grew the heap (~25 MiB a step) whose fresh pages then had to be
-faulted in (the kernel's page clearing was the top symbol of a rank's profile).
+PyTorch runs a bf16 ``nn.Linear`` on CPU through oneDNN (and serving's fused linears, ``models.onednn``, in fp32),
+which builds a primitive for every GEMM shape: it JIT-compiles a kernel for it (AMX / AVX-512 brgemm code) and
+keeps it in a cache of 1,024 entries. The distributed tower's token count changes every step (users are packed to
+a token budget), so every step met new shapes: its forward and backward GEMMs were compiled again (an AMX Xeon, 1
+thread, a (7,000 x 256) x (256 x 1,024) linear forward + backward: 27 ms with a repeated row count, 50 ms with a
+new one each call), and the new primitives' code and scratch memory grew the heap (~25 MiB a step) whose fresh
+pages then had to be faulted in (the kernel's page clearing was the top symbol of a rank's profile). Serving
+requests' candidate counts vary the same way (``models.one_user.score_padded``).
 
-``RowBucketedLinear`` pads its input's rows with zeros up to ``bucket_rows(m)`` (32 sizes per power of two: at
-most ~3% extra rows), runs the GEMM on that, and returns the first ``m`` rows. The padded rows give zero
-gradients to the weight and bias (their output gradient is zero), so values and gradients are those of
-``nn.Linear``; autograd pads the output gradient the same way, so the backward GEMMs reuse cached primitives
-too. ``bucket_linear_rows`` swaps a model's plain ``nn.Linear`` modules for it in place (same parameters, same
-state-dict keys); FP8 or other subclasses are left alone. The distributed trainer does so for a bf16 tower on
-CPU (fp32 GEMMs run in MKL, which compiles nothing per shape; a compiled tower has inductor's own GEMMs).
+``bucket_rows(m)``: 32 sizes per power of two, at most ~3% extra rows. ``RowBucketedLinear`` pads its input's rows
+with zeros up to it, runs the GEMM on that, and returns the first ``m`` rows. The padded rows give zero gradients
+to the weight and bias (their output gradient is zero), so values and gradients are those of ``nn.Linear``;
+autograd pads the output gradient the same way, so the backward GEMMs reuse cached primitives too.
+``bucket_linear_rows`` swaps a model's plain ``nn.Linear`` modules for it in place (same parameters, same
+state-dict keys); FP8 or other subclasses are left alone. The distributed trainer does so for a bf16 tower on CPU
+(fp32 GEMMs run in MKL, which compiles nothing per shape; a compiled tower has inductor's own GEMMs).
 ``bench/row_buckets.py`` measures both ways side by side.
 """
 
