@@ -23,7 +23,8 @@ Per configuration it also prints where rank 0's step goes (sparse forward, dense
 step; CPU | wall ms), from ``perf.json`` (``GEMFLOW_PROFILE_DIR=<dir>`` adds a torch.profiler table per rank).
 FP8 vs the plain 2-rank run: throughput ratio and NE, and which float8 GEMM ran (on CPU the faster of torch._scaled_mm
 and its bf16 emulation, measured at launch; ``--fp8-cpu-gemm scaled_mm|emulated`` forces one).
-Step account (``distributed.step_account``, on unless ``--no-account``): every rank profiles steps 4-7 and
+Step account (``distributed.step_account``, on unless ``--no-account``): every rank profiles 4 steps (from
+``--account-from``, default 4; later, e.g. ``--steps 30 --account-from 20``, is past the warm-up) and
 splits them into GEMM (the profiler's matmul kernels), attention, embedding lookups, optimizer, communication
 and other (``models.distributed.step_account``); printed per rank with the share of the step outside GEMMs.
 Those profiled steps are left out of the throughput figures.
@@ -119,6 +120,7 @@ def run_config(
             "distributed.threads_per_rank": str(threads),
             "distributed.peak_tflops": str(core_peak * nproc * threads),  # the cores this run uses
             "distributed.step_account": str(args.account).lower(),
+            "distributed.step_account_from": str(args.account_from),
             "distributed.precision": args.precision,
             **overrides,
         },
@@ -168,6 +170,12 @@ def main() -> None:
         dest="account",
         action="store_false",
         help="no step account (no profiled steps: all steps after warm-up are timed)",
+    )
+    parser.add_argument(
+        "--account-from",
+        type=int,
+        default=4,
+        help="the first of the 4 profiled steps (distributed.step_account_from); needs --steps >= it + 4",
     )
     parser.add_argument(
         "--precision",
@@ -236,7 +244,7 @@ def main() -> None:
         ph = r.get("phase_seconds_mean", {})
         parts = [f"{k} {ph.get(f'cpu_{k}', 0) * 1e3:.0f}|{ph.get(f'wall_{k}', 0) * 1e3:.0f}" for k in PHASES]
         print(f"  {name:<26} " + ", ".join(parts))
-    print_accounts(results)
+    print_accounts(results, args.account_from)
     two = results.get("2 ranks x 1 core")
     for name, one_name in (("2 ranks x 1 core", "1 rank x 1 core"),
                            ("2 ranks x 1 core, ZeRO-2", "1 rank x 1 core"),
@@ -266,7 +274,7 @@ def main() -> None:
               f"of the {args.precision} peak of the cores used (goal >= 30% at d_model >= 256)")  # fmt: skip
 
 
-def print_accounts(results: dict) -> None:
+def print_accounts(results: dict, first: int) -> None:
     """Per configuration and rank: ms per profiled step in each category, and the share outside GEMMs."""
     rows = [
         (name, rank, a)
@@ -277,7 +285,8 @@ def print_accounts(results: dict) -> None:
     if not rows:
         return
     print(
-        "\nstep account (profiled steps 4-7, ms per step; wall, so a rank's communication includes waiting):"
+        f"\nstep account (profiled steps {first}-{first + 3}, ms per step; wall, so a rank's communication "
+        "includes waiting):"
     )
     print(
         f"{'configuration':<26} {'rank':>4} {'step':>7} "

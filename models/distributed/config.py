@@ -84,9 +84,12 @@ class DistributedConfig:
     # eager): "off"; "on" (errors surface); "auto" (a probe compiles a tiny block first; if inductor cannot build,
     # one logged line and eager). Off by default: see models/compile.py for what it measured on CPU.
     compile: str = "off"
-    # profile steps [4, 8) and write where each rank's step goes (GEMM, attention, embedding, optimizer,
+    # profile 4 steps and write where each rank's step goes (GEMM, attention, embedding, optimizer,
     # communication, other: models.distributed.step_account) to perf.json; those steps leave the throughput figures
     step_account: bool = False
+    # the first of them: later steps are past the warm-up (on an AMX Xeon, steps 4-7 still met new GEMM shapes
+    # whose kernels oneDNN compiled, and a heap still growing: page faults); needs max_steps >= it + 4
+    step_account_from: int = 4
     moe: MoEConfig = field(default_factory=MoEConfig)
     fp8: Float8Config = field(default_factory=Float8Config)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -117,6 +120,11 @@ def validate_distributed(cfg: DistributedConfig, ffn: list[str], num_layers: int
         raise ValueError(f"distributed.sparse_comm must be one of {SPARSE_COMMS}, got {cfg.sparse_comm!r}")
     if cfg.sharding not in SHARDINGS:
         raise ValueError(f"distributed.sharding must be one of {SHARDINGS}, got {cfg.sharding!r}")
+    if cfg.step_account_from < 0:
+        raise ValueError(f"distributed.step_account_from must be >= 0, got {cfg.step_account_from}")
+    if cfg.step_account and 0 < cfg.max_steps < cfg.step_account_from + 4:
+        raise ValueError(f"distributed.step_account profiles steps {cfg.step_account_from}-{cfg.step_account_from + 3}: "
+                         f"distributed.max_steps={cfg.max_steps} ends before (lower step_account_from)")  # fmt: skip
     if cfg.tokens_per_step < cfg.nproc:
         raise ValueError(f"distributed.tokens_per_step={cfg.tokens_per_step} is below nproc={cfg.nproc}")
     if cfg.fp8.recipe not in FP8_RECIPES:

@@ -62,10 +62,10 @@ from models.row_buckets import bucket_linear_rows
 log = logging.getLogger("gemflow.distributed")
 # Fault injection for the crash-during-checkpoint test: this rank exits hard halfway through writing step N.
 CRASH_IN_CHECKPOINT = "GEMFLOW_TEST_CRASH_IN_CHECKPOINT"  # "<rank>:<step>"
-# Profiling: torch.profiler over steps [PROFILE_FIRST_STEP, +PROFILE_STEPS) -> <dir>/rank-<r>.txt (op table) and
-# a Chrome trace; where a step's time goes (embedding all-to-all, dense fwd/bwd, ZeRO reduce, optimizer)
+# Profiling: torch.profiler over steps [distributed.step_account_from, +PROFILE_STEPS) -> <dir>/rank-<r>.txt (op
+# table) and a Chrome trace; where a step's time goes (embedding all-to-all, dense fwd/bwd, ZeRO reduce, optimizer)
 PROFILE_DIR = "GEMFLOW_PROFILE_DIR"
-PROFILE_FIRST_STEP, PROFILE_STEPS = 4, 4
+PROFILE_STEPS = 4
 
 
 @dataclass
@@ -456,7 +456,10 @@ class DeepSpeedStrategy:
         self.num_dense = len(p.setup.bundle.dense.columns)
         self.recent: list[dict] = []  # step stats not logged yet
         self.stats: list[dict] = []  # every step this launch ran (perf.json)
-        self.profiler = _StepProfiler(os.environ.get(PROFILE_DIR), p.rank, p.cfg.distributed.step_account)
+        dc = p.cfg.distributed
+        self.profiler = _StepProfiler(
+            os.environ.get(PROFILE_DIR), p.rank, dc.step_account, dc.step_account_from
+        )
         self.saved_step = -1
         self.losses: list[float] = []  # this rank's step losses since the last evaluation
 
@@ -532,19 +535,20 @@ class _StepProfiler:
     """torch.profiler over a window of steps when ``GEMFLOW_PROFILE_DIR`` is set and/or ``step_account`` (the
     step account, kept in ``self.account``); neither: does nothing."""
 
-    def __init__(self, folder: str | None, rank: int, step_account: bool = False):
+    def __init__(self, folder: str | None, rank: int, step_account: bool = False, first_step: int = 4):
         self.folder, self.rank, self.prof = Path(folder) if folder else None, rank, None
         self.step_account, self.account, self.steps = step_account, {}, 0
+        self.first_step = first_step
 
     def at_step(self, i: int) -> None:
         if self.folder is None and not self.step_account:
             return
-        if i == PROFILE_FIRST_STEP:
+        if i == self.first_step:
             from torch.profiler import ProfilerActivity, profile
 
             self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=self.folder is not None)
             self.prof.__enter__()
-        elif i == PROFILE_FIRST_STEP + PROFILE_STEPS:
+        elif i == self.first_step + PROFILE_STEPS:
             self.stop()
         if self.prof is not None:
             self.steps += 1  # steps started inside the window

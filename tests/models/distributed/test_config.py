@@ -78,6 +78,12 @@ def test_cli_style_overrides_reach_the_nested_sections():
         ({"fp8_recipe": "e4m3"}, [], "fp8.recipe must be one of"),
         ({"fp8_groups": ["heads"]}, [], "unknown group"),
         ({"fp8_cpu_gemm": "fast"}, [], "fp8.cpu_gemm must be one of"),
+        ({"step_account_from": -1}, [], "step_account_from must be >= 0"),
+        (
+            {"step_account": True, "step_account_from": 8, "max_steps": 10},
+            [],
+            "profiles steps 8-11: distributed.max_steps=10 ends before",
+        ),
     ],
 )
 def test_invalid_settings_name_the_key(change, ffn, message):

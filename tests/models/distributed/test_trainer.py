@@ -6,9 +6,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch import nn
 
-from models.distributed.trainer import PERF_WARMUP_STEPS, _write_perf
+from models.distributed.trainer import PERF_WARMUP_STEPS, _StepProfiler, _write_perf
 
 
 def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
@@ -61,3 +62,16 @@ def test_profiled_steps_leave_the_throughput_and_every_ranks_account_is_kept(tmp
     assert perf["critical_cpu_seconds"] == pytest.approx(2.0)
     assert perf["step_account"] == accounts
     assert perf["first_step_seconds"] == 30.0 and perf["compile"] == "on"
+
+
+def test_the_step_account_profiles_four_steps_from_the_configured_one():
+    """``distributed.step_account_from``: a window past the warm-up (steps 6-9 here), every step in it booked."""
+    profiler = _StepProfiler(None, rank=0, step_account=True, first_step=6)
+    profiled = []
+    for i in range(12):
+        profiler.at_step(i)
+        profiled.append(profiler.prof is not None)
+        torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+    profiler.stop()
+    assert profiled == [False] * 6 + [True] * 4 + [False] * 2
+    assert profiler.account["profiled_steps"] == 4 and profiler.account["seconds_per_step"]["gemm"] > 0
