@@ -69,7 +69,7 @@ class FusedAttention(nn.Module):
     """``attend`` by gemflow's C++ op; construct it only after ``models.native.load()`` returned True."""
 
     def forward(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return torch.ops.gemflow.shared_context_attend(q, keys, values, True)
+        return torch.ops.gemflow.shared_context_attend(q, keys, values)  # the widest SIMD this CPU has
 
 
 def attention_module() -> nn.Module:

@@ -6,7 +6,7 @@ candidates over its user's context, fused. The build (g++, ~15 s) happens on fir
 ``python -m models.native`` (``make setup`` and the image do it); the library lands in
 ``$GEMFLOW_KERNELS_DIR`` (default ``$TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``) under a name keyed
 by the source, the compiler flags and the torch version, so a changed source or another torch builds anew and a
-cached one is loaded without importing the builder. The library runs on any x86-64 CPU (its AVX2 code is chosen at
+cached one is loaded without importing the builder. The library runs on any x86-64 CPU (its AVX-512 or AVX2 code is chosen at
 run time) and elsewhere takes its portable path. Where nothing can be built (no compiler), ``load`` logs why once
 and returns False: callers keep PyTorch's own ops; ``GEMFLOW_NATIVE_KERNELS=0`` asks for that (A/B runs).
 """
@@ -94,10 +94,9 @@ def main() -> int:
     if not load():
         print("gemflow C++ kernels: not available (above: why); PyTorch's ops serve instead")
         return 0
-    simd = torch.ops.gemflow.shared_context_attend_vectorizes(16)
-    print(
-        f"gemflow C++ kernels: {build_directory()} (shared-context attention: {'AVX2' if simd else 'scalar'})"
-    )
+    bits = torch.ops.gemflow.shared_context_attend_simd_bits(16)
+    path = {512: "AVX-512", 256: "AVX2"}.get(bits, "scalar")
+    print(f"gemflow C++ kernels: {build_directory()} (shared-context attention, head dim 16: {path})")
     return 0
 
 

@@ -8,10 +8,11 @@
 // log2(e) / sqrt(d) so that exp2 gives the softmax, values (H, T, d); q and the output are (N, H * d) rows. Each
 // row's max is subtracted before exp2 (the standard, overflow-free softmax: here it costs no extra pass).
 //
-// Two paths with one result (up to float rounding): AVX2 + FMA on x86-64 CPUs that have them (d a multiple of 8,
-// up to 32; the context's scores of a row kept in up to 9 registers of 8 keys, longer contexts in L1), and a
-// portable scalar loop for everything else. The plain PyTorch reference is ``shared_context.reference_attend``;
-// tests compare both paths with it.
+// Three paths with one result (up to float rounding): AVX-512 on x86-64 CPUs that have it (d 16 or 32; a row's
+// scores in up to 9 registers of 16 keys), AVX2 + FMA (d a multiple of 8, up to 32; up to 9 registers of 8 keys),
+// longer contexts in L1 on both, and a portable scalar loop for everything else. ``max_bits`` caps the width (512,
+// 256, 0 = portable: tests run every path). The plain PyTorch reference is ``shared_context.reference_attend``;
+// tests compare every path with it.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -70,6 +71,26 @@ __attribute__((target("avx2,fma"))) inline float horizontal_sum(__m256 v) {
 bool cpu_has_avx2_fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
+}
+
+bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// The AVX-512 twin of ``exp2_nonpositive``: the same polynomial; ``scalef`` multiplies by 2^n (n = round(x)).
+__attribute__((target("avx512f"))) inline __m512 exp2_nonpositive_512(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-126.f), x);  // a NaN stays NaN, as in the AVX2 version
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
 }
 #endif
 
@@ -244,19 +265,153 @@ RowsFn pick_rows_fn(int64_t dim, int64_t vecs) {
   }
 }
 
+// ---- AVX-512: the same three levels on 16 lanes (head dims 16 and 32: one or two registers per row of values)
+
+template <int VECS, int DIM>
+__attribute__((target("avx512f"), noinline)) float row_probs_512(const float* qi, const float* kp, int64_t vecs,
+                                                                 __mmask16 tail_mask, float* probs) {
+  const int64_t n_vecs = VECS > 0 ? VECS : vecs;
+  const int64_t stride = n_vecs * 16;
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 top = minus_inf;
+  if constexpr (VECS > 0) {
+    __m512 s[VECS];
+#pragma GCC unroll 32
+    for (int v = 0; v < VECS; ++v) s[v] = _mm512_setzero_ps();
+#pragma GCC unroll 32
+    for (int k = 0; k < DIM; ++k) {
+      const __m512 b = _mm512_set1_ps(qi[k]);
+      const float* kr = kp + k * stride;
+#pragma GCC unroll 32
+      for (int v = 0; v < VECS; ++v) s[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(kr + 16 * v), s[v]);
+    }
+    s[VECS - 1] = _mm512_mask_blend_ps(tail_mask, minus_inf, s[VECS - 1]);
+#pragma GCC unroll 32
+    for (int v = 0; v < VECS; ++v) {
+      top = _mm512_max_ps(top, s[v]);
+      _mm512_storeu_ps(probs + 16 * v, s[v]);
+    }
+  } else {
+    for (int64_t v = 0; v < n_vecs; ++v) {
+      __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 32
+      for (int k = 0; k < DIM; ++k)
+        s = _mm512_fmadd_ps(_mm512_set1_ps(qi[k]), _mm512_loadu_ps(kp + k * stride + 16 * v), s);
+      if (v == n_vecs - 1) s = _mm512_mask_blend_ps(tail_mask, minus_inf, s);
+      top = _mm512_max_ps(top, s);
+      _mm512_storeu_ps(probs + 16 * v, s);
+    }
+  }
+  const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t v = 0; v < n_vecs; ++v) {
+    __m512 e = exp2_nonpositive_512(_mm512_sub_ps(_mm512_loadu_ps(probs + 16 * v), row_max));
+    if (v == n_vecs - 1) e = _mm512_maskz_mov_ps(tail_mask, e);
+    sums = _mm512_add_ps(sums, e);
+    _mm512_storeu_ps(probs + 16 * v, e);
+  }
+  return 1.f / _mm512_reduce_add_ps(sums);
+}
+
+template <int VECS, int DIM, int ROWS>
+__attribute__((target("avx512f"))) void attend_tile_512(const float* q, int64_t width, const float* kp,
+                                                        int64_t vecs, const float* vh, int64_t ctx, float* probs,
+                                                        float* out) {
+  constexpr int kVecs = DIM / 16;
+  const int64_t stride = (VECS > 0 ? VECS : vecs) * 16;
+  const int tail = static_cast<int>(ctx - (stride - 16));  // valid lanes of the last vector, 1..16
+  const __mmask16 tail_mask = static_cast<__mmask16>((1u << tail) - 1u);
+  float inv[ROWS];
+  for (int r = 0; r < ROWS; ++r)
+    inv[r] = row_probs_512<VECS, DIM>(q + r * width, kp, vecs, tail_mask, probs + r * stride);
+  __m512 acc[ROWS][kVecs];
+#pragma GCC unroll 32
+  for (int r = 0; r < ROWS; ++r) {
+#pragma GCC unroll 32
+    for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < ctx; ++j) {
+    __m512 v[kVecs];
+#pragma GCC unroll 32
+    for (int c = 0; c < kVecs; ++c) v[c] = _mm512_loadu_ps(vh + j * DIM + 16 * c);
+#pragma GCC unroll 32
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 p = _mm512_set1_ps(probs[r * stride + j]);
+#pragma GCC unroll 32
+      for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int r = 0; r < ROWS; ++r) {
+#pragma GCC unroll 32
+    for (int c = 0; c < kVecs; ++c)
+      _mm512_storeu_ps(out + r * width + 16 * c, _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inv[r])));
+  }
+}
+
+template <int VECS, int DIM>
+__attribute__((target("avx512f"))) void attend_rows_512(const Operands& a, const float* padded_keys, int64_t vecs,
+                                                        int64_t begin, int64_t end) {
+  constexpr int kRows = DIM == 16 ? 8 : 4;  // 8 accumulators
+  const int64_t width = a.heads * DIM, stride = vecs * 16;
+  std::vector<float> probs(kRows * stride);
+  for (int64_t h = 0; h < a.heads; ++h) {
+    const float* kp = padded_keys + h * DIM * stride;
+    const float* vh = a.values + h * a.ctx * DIM;
+    int64_t i = begin;
+    for (; i + kRows <= end; i += kRows)
+      attend_tile_512<VECS, DIM, kRows>(a.q + i * width + h * DIM, width, kp, vecs, vh, a.ctx, probs.data(),
+                                        a.out + i * width + h * DIM);
+    for (; i < end; ++i)
+      attend_tile_512<VECS, DIM, 1>(a.q + i * width + h * DIM, width, kp, vecs, vh, a.ctx, probs.data(),
+                                    a.out + i * width + h * DIM);
+  }
+}
+
+template <int DIM>
+RowsFn pick_rows_fn_512(int64_t vecs) {
+  switch (vecs) {
+    case 1: return attend_rows_512<1, DIM>;
+    case 2: return attend_rows_512<2, DIM>;
+    case 3: return attend_rows_512<3, DIM>;
+    case 4: return attend_rows_512<4, DIM>;
+    case 5: return attend_rows_512<5, DIM>;
+    case 6: return attend_rows_512<6, DIM>;
+    case 7: return attend_rows_512<7, DIM>;
+    case 8: return attend_rows_512<8, DIM>;
+    case 9: return attend_rows_512<9, DIM>;
+    default: return attend_rows_512<0, DIM>;
+  }
+}
+
+RowsFn pick_rows_fn_512(int64_t dim, int64_t vecs) {
+  return dim == 16 ? pick_rows_fn_512<16>(vecs) : pick_rows_fn_512<32>(vecs);
+}
+
 #endif  // GEMFLOW_X86
 
-bool simd_applies(int64_t dim) {
+// The widest path for head dim ``dim`` on this CPU, at most ``max_bits`` wide: 512, 256, or 0 (portable).
+int64_t simd_bits(int64_t dim, int64_t max_bits) {
 #ifdef GEMFLOW_X86
-  return cpu_has_avx2_fma() && dim % 8 == 0 && dim >= 8 && dim <= 32;
+  if (max_bits >= 512 && cpu_has_avx512f() && (dim == 16 || dim == 32)) return 512;
+  if (max_bits >= 256 && cpu_has_avx2_fma() && dim % 8 == 0 && dim >= 8 && dim <= 32) return 256;
 #else
   (void)dim;
-  return false;
+  (void)max_bits;
 #endif
+  return 0;
+}
+
+// The keys padded to whole vectors of ``lanes`` tokens, (H, d, vecs * lanes), zeros past ctx (masked out of the
+// softmax).
+std::vector<float> padded_keys(const float* keys, int64_t rows, int64_t ctx, int64_t vecs, int64_t lanes) {
+  std::vector<float> padded(rows * vecs * lanes, 0.f);
+  for (int64_t r = 0; r < rows; ++r) std::copy(keys + r * ctx, keys + (r + 1) * ctx, padded.data() + r * vecs * lanes);
+  return padded;
 }
 
 at::Tensor shared_context_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                 bool vectorized) {
+                                 int64_t max_bits) {
   TORCH_CHECK(q.dim() == 2 && keys.dim() == 3 && values.dim() == 3,
               "shared_context_attend: expected q (N, H*d), keys (H, d, T), values (H, T, d); got ", q.sizes(), ", ",
               keys.sizes(), ", ", values.sizes());
@@ -276,13 +431,11 @@ at::Tensor shared_context_attend(const at::Tensor& q, const at::Tensor& keys, co
   // ~1 us of work per row: chunks of 64 rows keep a thread's share worth its start
   constexpr int64_t kGrain = 64;
 #ifdef GEMFLOW_X86
-  if (vectorized && simd_applies(dim)) {
-    // the keys padded to whole vectors of 8 tokens, (H, d, vecs * 8), zeros past ctx (masked out of the softmax)
-    const int64_t vecs = (ctx + 7) / 8;
-    std::vector<float> padded(heads * dim * vecs * 8, 0.f);
-    for (int64_t hk = 0; hk < heads * dim; ++hk)
-      std::copy(a.keys + hk * ctx, a.keys + (hk + 1) * ctx, padded.data() + hk * vecs * 8);
-    const RowsFn rows = pick_rows_fn(dim, vecs);
+  const int64_t bits = simd_bits(dim, max_bits);
+  if (bits > 0) {
+    const int64_t lanes = bits / 32, vecs = (ctx + lanes - 1) / lanes;
+    const std::vector<float> padded = padded_keys(a.keys, heads * dim, ctx, vecs, lanes);
+    const RowsFn rows = bits == 512 ? pick_rows_fn_512(dim, vecs) : pick_rows_fn(dim, vecs);
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { rows(a, padded.data(), vecs, begin, end); });
     return out;
   }
@@ -291,13 +444,13 @@ at::Tensor shared_context_attend(const at::Tensor& q, const at::Tensor& keys, co
   return out;
 }
 
-bool shared_context_attend_vectorizes(int64_t dim) { return simd_applies(dim); }
+int64_t shared_context_attend_simd_bits(int64_t dim, int64_t max_bits) { return simd_bits(dim, max_bits); }
 
 }  // namespace
 
 TORCH_LIBRARY(gemflow, m) {
-  m.def("shared_context_attend(Tensor q, Tensor keys, Tensor values, bool vectorized=True) -> Tensor");
-  m.def("shared_context_attend_vectorizes(int dim) -> bool", &shared_context_attend_vectorizes);
+  m.def("shared_context_attend(Tensor q, Tensor keys, Tensor values, int max_bits=512) -> Tensor");
+  m.def("shared_context_attend_simd_bits(int dim, int max_bits=512) -> int", &shared_context_attend_simd_bits);
 }
 
 TORCH_LIBRARY_IMPL(gemflow, CPU, m) { m.impl("shared_context_attend", shared_context_attend); }

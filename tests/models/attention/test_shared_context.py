@@ -20,14 +20,20 @@ from models.attention.shared_context import (
 )
 
 
-def _fused(vectorized: bool):
+def _fused(max_bits: int):
     def call(q, keys, values):
-        return torch.ops.gemflow.shared_context_attend(q, keys, values, vectorized)
+        return torch.ops.gemflow.shared_context_attend(q, keys, values, max_bits)
 
     return call
 
 
-IMPLEMENTATIONS = {"torch_ops": attend, "fused_simd": _fused(True), "fused_portable": _fused(False)}
+# the fused op's three paths; "fused_avx512" is the AVX2 one where the CPU has no AVX-512 (or the head dim is 8 / 24)
+IMPLEMENTATIONS = {
+    "torch_ops": attend,
+    "fused_avx512": _fused(512),
+    "fused_avx2": _fused(256),
+    "fused_portable": _fused(0),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,9 +42,11 @@ def _native_kernels():
     assert native.load(), "gemflow's C++ kernels did not build (see the log above)"
 
 
-def _cpu_has_avx2_fma() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " avx2" in flags and " fma" in flags
+def _cpu_flags() -> set[str]:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return {
+        flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()
+    }
 
 
 def _inputs(n: int, t: int, heads: int, head_dim: int, scale: float = 1.0, seed: int = 0):
@@ -61,8 +69,9 @@ def _float64(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize(
     ("n", "t", "heads", "head_dim"),
-    # the fused op: head dims 8-32 on AVX2 (others portable), contexts in 1-9 registers of 8 keys or longer (130),
-    # row counts that leave a partial tile (tiles of 8 / 4 / 3 / 2 rows for head dims 8 / 16 / 24 / 32)
+    # the fused op: head dims 8-32 on AVX2 (16 and 32 on AVX-512; others portable), contexts in 1-9 registers of 8
+    # (AVX-512: 16) keys or longer (130, 145, 150), row counts that leave a partial tile (AVX2: tiles of 8 / 4 / 3 / 2
+    # rows for head dims 8 / 16 / 24 / 32; AVX-512: 8 / 4 rows for 16 / 32)
     [
         (1000, 66, 4, 16),
         (1, 1, 1, 8),
@@ -74,6 +83,11 @@ def _float64(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         (13, 72, 2, 16),
         (6, 73, 4, 8),
         (9, 17, 2, 12),
+        (17, 16, 2, 16),
+        (9, 17, 3, 32),
+        (11, 144, 2, 16),
+        (5, 145, 2, 32),
+        (3, 150, 1, 16),
     ],  # fmt: skip
 )
 def test_matches_sdpa_and_float64(impl, n, t, heads, head_dim):
@@ -145,11 +159,16 @@ def test_a_nan_query_gives_nan_as_pytorch_does(impl):
     torch.testing.assert_close(got[keep], ref[keep], rtol=0, atol=2e-6)
 
 
-def test_fused_op_uses_avx2_where_the_cpu_has_it():
-    """The vectorized path is not silently lost on the CPUs it is for (head dims 8-32, multiples of 8)."""
-    vectorizes = torch.ops.gemflow.shared_context_attend_vectorizes
-    assert vectorizes(16) == _cpu_has_avx2_fma()
-    assert not vectorizes(12) and not vectorizes(64)
+def test_fused_op_uses_the_widest_simd_the_cpu_has():
+    """No vectorized path is silently lost on the CPUs it is for (AVX-512: head dims 16 and 32; AVX2: 8-32)."""
+    bits = torch.ops.gemflow.shared_context_attend_simd_bits
+    flags = _cpu_flags()
+    avx2 = 256 if {"avx2", "fma"} <= flags else 0
+    widest = 512 if "avx512f" in flags else avx2
+    assert bits(16) == widest and bits(32) == widest
+    assert bits(8) == avx2 and bits(24) == avx2  # no AVX-512 tile for these
+    assert bits(16, 256) == avx2 and bits(16, 0) == 0  # the cap the tests use to run every path
+    assert bits(12) == 0 and bits(64) == 0
 
 
 def test_fused_op_on_two_threads_equals_one():
@@ -158,9 +177,9 @@ def test_fused_op_on_two_threads_equals_one():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.ops.gemflow.shared_context_attend(q, *layout, True)
+        one = torch.ops.gemflow.shared_context_attend(q, *layout)
         torch.set_num_threads(2)
-        two = torch.ops.gemflow.shared_context_attend(q, *layout, True)
+        two = torch.ops.gemflow.shared_context_attend(q, *layout)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
