@@ -6,8 +6,8 @@ candidates over its user's context, fused. The build (g++, ~15 s) happens on fir
 ``python -m models.native`` (``make setup`` and the image do it); the library lands in
 ``$GEMFLOW_KERNELS_DIR`` (default ``$TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``) under a name keyed
 by the source, the compiler flags and the torch version, so a changed source or another torch builds anew and a
-cached one is loaded without importing the builder. The library runs on any x86-64 CPU (its AVX-512 or AVX2 code is chosen at
-run time) and elsewhere takes its portable path. Where nothing can be built (no compiler), ``load`` logs why once
+cached one is loaded without importing the builder. The library runs on any x86-64 CPU (its AVX-512 or AVX2 code
+is chosen at run time) and elsewhere takes its portable path. Where nothing can be built (no compiler), ``load`` logs why once
 and returns False: callers keep PyTorch's own ops; ``GEMFLOW_NATIVE_KERNELS=0`` asks for that (A/B runs).
 """
 
