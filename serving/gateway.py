@@ -50,14 +50,20 @@ _OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "liv
 
 
 class Reply:
-    """The response side of one request: what was sent (for the status counter) and how to send it."""
+    """The response side of one request: how to send it, and its count by route and status, taken as the response
+    starts (before the client can read it: a client that reads the statistics next finds its answer counted)."""
 
-    def __init__(self, send):
-        self.send = send
+    def __init__(self, send, count):
+        self.send, self.count = send, count
         self.status: int | None = None
+        self.route = "other"  # the dispatcher names it before answering
+
+    def start(self, status: int) -> None:
+        self.status = status
+        self.count(self.route, status)
 
     async def body(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status = status
+        self.start(status)
         head = [(b"content-length", str(len(body)).encode()), *headers]
         await self.send({"type": "http.response.start", "status": status, "headers": head})
         await self.send({"type": "http.response.body", "body": body})
@@ -74,59 +80,57 @@ class Gateway:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        reply = Reply(send)
-        route = "other"
+        reply = Reply(send, self.predictor.stats.response)
         try:
-            route = await self._dispatch(scope, receive, reply)
+            await self._dispatch(scope, receive, reply)
         except Exception:
             # a bug, not a client mistake: the traceback is logged, the client learns nothing of it
             log.exception("unexpected failure on %s %s", scope["method"], scope["path"][:200])
             if reply.status is None:
                 await reply.json(500, {"error": "internal server error"})
-            else:
-                reply.status = 500
         finally:
-            self.predictor.stats.response(route, reply.status or 499)  # 499: the client went away unanswered
+            if reply.status is None:
+                reply.start(499)  # the client went away unanswered
 
     # ------------------------------------------------------------------------------------------- routing
-    async def _dispatch(self, scope, receive, reply: Reply) -> str:
+    async def _dispatch(self, scope, receive, reply: Reply) -> None:
         method, path = scope["method"], scope["path"]
         too_many = _header_problem(scope["headers"], self.cfg.connections)
         if too_many:
-            await self._refuse(reply, scope, 431, too_many, CLOSE)
-            return "other"
+            return await self._refuse(reply, scope, 431, too_many, CLOSE)
         if path == "/metrics" and method == "GET" and stats.multiprocess():  # every server process's metrics
+            reply.route = "metrics"
             body, content_type = stats.exposition()
-            await reply.body(200, body, [(b"content-type", content_type.encode())])
-            return "metrics"
+            return await reply.body(200, body, [(b"content-type", content_type.encode())])
         if path in _OPEN_ROUTES:
-            await self._pass(scope, receive, reply)
-            return _OPEN_ROUTES[path]
+            reply.route = _OPEN_ROUTES[path]
+            return await self._pass(scope, receive, reply)
         if path == "/docs" and method == "GET":  # the server's own page (KServe's Swagger UI needs a CDN)
-            await reply.body(200, self._docs_page(), [(b"content-type", b"text/html; charset=utf-8")])
-            return "docs"
+            reply.route = "docs"
+            return await reply.body(200, self._docs_page(), [(b"content-type", b"text/html; charset=utf-8")])
         if path.startswith("/v2/repository"):
-            await self._repository(scope, receive, reply)
-            return "repository"
+            reply.route = "repository"
+            return await self._repository(scope, receive, reply)
         if _VERSIONED.fullmatch(path):
-            await self._refuse(
+            return await self._refuse(
                 reply, scope, 404, "model versions are not addressable; use /v2/models/{name}/..."
             )
-            return "other"
         for want, pattern, route in _MODEL_ROUTES:
             match = pattern.fullmatch(path)
             if match is None:
                 continue
+            reply.route = route
             if method != want:
-                await self._refuse(reply, scope, 405, f"{path} takes {want}", (b"allow", want.encode()))
-            elif match.group(1) != self.predictor.name:
-                await self._refuse(reply, scope, 404, f"model {match.group(1)[:80]!r} is not served here")
-            else:
-                await self._model_route(route, scope, receive, reply)
-            return route
+                return await self._refuse(
+                    reply, scope, 405, f"{path} takes {want}", (b"allow", want.encode())
+                )
+            if match.group(1) != self.predictor.name:
+                return await self._refuse(
+                    reply, scope, 404, f"model {match.group(1)[:80]!r} is not served here"
+                )
+            return await self._model_route(route, scope, receive, reply)
         # default deny: KServe's other routes (explain, versioned paths, docs) are not part of this server
         await self._refuse(reply, scope, 404, f"no route {method} {path[:100]}")
-        return "other"
 
     def _docs_page(self) -> bytes:
         """``GET /docs``: what this server answers, as one self-contained HTML page (no token, no script)."""
@@ -204,7 +208,7 @@ class Gateway:
                 replaced = True
                 return await reply.json(500, {"error": "internal server error"})
             if message["type"] == "http.response.start":
-                reply.status = message["status"]
+                reply.start(message["status"])
             await reply.send(message)
 
         await self.app(scope, receive, guarded)
@@ -287,12 +291,13 @@ class Gateway:
                 [JSON],
             )
         encode_ms = 1e3 * (time.perf_counter() - t_encode)
-        await reply.body(200, body, extra)
         timing = result["timing_ms"]
         queue_ms = timing["total"] - timing["features"] - timing["build"] - timing["score"]
+        # counted before the answer goes out: a client that reads the statistics next finds it there
         self.predictor.stats.phases(parse=parse_ms, features=timing["features"], queue=queue_ms, build=timing["build"],
                                     score=timing["score"], encode=encode_ms, total=parse_ms + timing["total"] + encode_ms)  # fmt: skip
         self.predictor.count(result)
+        await reply.body(200, body, extra)
 
     async def _read_body(self, scope, headers: dict, receive, reply: Reply) -> bytes | None:
         """The whole body within ``limits.max_body_bytes``; None when already answered (413/400) or gone."""
