@@ -148,6 +148,9 @@ class AdTable:
     def start(self) -> None:
         """First refresh now (so a healthy store serves from the first request), then in the background."""
         self.refresh()
+        prime = getattr(self.loader, "start", None)  # a ProcessLoader spawns its child now
+        if prime is not None:
+            prime()
         self._thread = threading.Thread(target=self._loop, name="ad-table-refresh", daemon=True)
         self._thread.start()
 
@@ -281,11 +284,19 @@ def store_ad_loader(ws, store_cfg, feature_service: str, chunk: int = 2000) -> L
 _CHILD_LOADER: Loader | None = None  # the refresh process's loader, built by its first refresh
 
 
-def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot | None:
+def _child_loader(make_loader: Callable[[], Loader]) -> Loader:
     global _CHILD_LOADER
     if _CHILD_LOADER is None:  # a failure here reaches the parent as a failed refresh, retried next time
         _CHILD_LOADER = make_loader()
-    return _CHILD_LOADER()
+    return _CHILD_LOADER
+
+
+def _load_in_child(make_loader: Callable[[], Loader]) -> AdSnapshot | None:
+    return _child_loader(make_loader)()
+
+
+def _prime_child(make_loader: Callable[[], Loader]) -> None:
+    _child_loader(make_loader)
 
 
 def _init_child() -> None:
@@ -295,7 +306,8 @@ def _init_child() -> None:
 
 
 class ProcessLoader:
-    """A ``Loader`` running ``make_loader()``'s loader in one long-lived child process (spawned on first use).
+    """A ``Loader`` running ``make_loader()``'s loader in one long-lived child process (spawned by ``start`` or on
+    first use).
 
     ``make_loader`` must be picklable (a module-level function or a ``functools.partial`` of one). A refresh
     still running after ``timeout_s`` fails this round (the table keeps its snapshot) and the next call waits for
@@ -307,13 +319,21 @@ class ProcessLoader:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
 
-    def __call__(self) -> AdSnapshot | None:
+    def start(self) -> None:
+        """Spawn the child now and let it build its loader (imports, store handle: ~2 s of CPU, at nice 19), so
+        that one-time cost falls in the server's start-up instead of under its traffic at the first refresh."""
+        self._pool_started().submit(_prime_child, self.make_loader)
+
+    def _pool_started(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_child
             )
-        if self._pending is None or self._pending.done():
-            self._pending = self._pool.submit(_load_in_child, self.make_loader)
+        return self._pool
+
+    def __call__(self) -> AdSnapshot | None:
+        if self._pending is None or self._pending.done():  # one worker: a load queues behind the priming
+            self._pending = self._pool_started().submit(_load_in_child, self.make_loader)
         try:
             return self._pending.result(timeout=self.timeout_s)
         except BrokenProcessPool:

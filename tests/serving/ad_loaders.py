@@ -30,3 +30,10 @@ def dies_once(marker: Path) -> Loader:
         return pid_loader()()
 
     return load
+
+
+def counts_builds(log: Path) -> Loader:
+    """``pid_loader``, appending a line to ``log`` each time a loader is built."""
+    with log.open("a") as f:
+        f.write(f"{os.getpid()}\n")
+    return pid_loader()

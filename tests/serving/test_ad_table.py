@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,23 @@ def test_process_loader_builds_snapshots_in_one_long_lived_child():
         assert _child_pid(loader) == first  # the child (and its store handle) is kept between refreshes
     finally:
         loader.close()
+
+
+def test_start_spawns_the_child_and_builds_its_loader_before_the_first_refresh(tmp_path):
+    log = tmp_path / "builds"
+    loader = ProcessLoader(functools.partial(ad_loaders.counts_builds, log), timeout_s=60)
+    table = AdTable(loader, refresh_seconds=3600, initial_loader=_snap)
+    try:
+        table.start()  # the first snapshot in process; the child is spawned and primed in the background
+        deadline = time.monotonic() + 60
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        builder = int(log.read_text().split()[0])
+        assert builder != os.getpid()
+        assert _child_pid(loader) == builder  # the first refresh runs in the primed child
+        assert log.read_text().split() == [str(builder)]  # its loader was built once, by the priming
+    finally:
+        table.stop()
 
 
 def test_process_loader_failures_are_failed_refreshes_and_a_dead_child_is_replaced(tmp_path):
