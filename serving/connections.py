@@ -8,7 +8,8 @@
 - header count: ``serving.gateway`` answers 431 and closes past ``max_headers`` lines (and measures a head that
   arrived whole in one read);
 - idle timeout: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests;
-- after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body.
+- after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body;
+- uvicorn's access log (a line per request) only when ``access_log`` asks for it.
 ``http_parser`` picks uvicorn's protocol: httptools (C, the faster) or h11 (pure Python); the limits are the same.
 What is answered or cut off here, before any application code, is counted in the same metrics as the gateway's
 answers (route ``connection``; a head that timed out is a shed request, reason ``header_timeout``).
@@ -17,6 +18,7 @@ answers (route ``connection``; a head that timed out is a shed request, reason `
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -96,6 +98,18 @@ def protocol_class(cfg: ConnectionConfig) -> type:
     base = PARSERS[cfg.http_parser]
     attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes}
     return type(f"Limited{base.__name__}", (HeadLimits, base), attrs)
+
+
+def set_access_log(enabled: bool) -> None:
+    """uvicorn's access log on or off: what ``uvicorn.Config(access_log=False)`` does when it configures logging,
+    here after the fact (KServe built the Config, and uvicorn's protocols look at the logger's handlers)."""
+    access = logging.getLogger("uvicorn.access")
+    if not enabled:
+        access.handlers = []
+        access.propagate = False
+    elif not access.hasHandlers():  # asked for, but nothing configured it: print it like the other server lines
+        access.addHandler(logging.StreamHandler())
+        access.propagate = False
 
 
 def uvicorn_settings(cfg: ConnectionConfig) -> dict:

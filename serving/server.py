@@ -21,7 +21,7 @@ from kserve.protocol.rest.server import RESTServer
 from gemflow.workspace import Workspace
 from serving.auth import Tokens
 from serving.config import ServingConfig
-from serving.connections import uvicorn_settings
+from serving.connections import set_access_log, uvicorn_settings
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class GemflowModelServer(kserve.ModelServer):
         rest.config.app = self.app  # an ASGI object instead of KServe's import string (one worker process)
         for key, value in uvicorn_settings(self.cfg.connections).items():
             setattr(rest.config, key, value)
+        set_access_log(self.cfg.connections.access_log)
         self._rest_server = rest
         self.servers.append(rest.start() if sock is None else _serve_on(rest, sock))
         self.setup_event_loop()

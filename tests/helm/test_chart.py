@@ -566,11 +566,12 @@ def test_ranker_arguments_parse_with_gemflow_serve(rendered):
         assert cfg.model_name == "gem-ranker" and cfg.http_port == 8080, values_file
         assert cfg.host == "0.0.0.0" and cfg.limits.max_in_flight == 16
         con = cfg.connections
-        assert (con.header_timeout_s, con.idle_timeout_s, con.max_header_bytes, con.max_headers) == (
+        assert (con.header_timeout_s, con.idle_timeout_s, con.max_header_bytes, con.max_headers, con.access_log) == (
             5,
             5,
             16384,
             64,
+            False,
         )
         token = env.get("GEMFLOW_SERVING_TOKEN")
         if values_file == "values-production.yaml":

@@ -21,13 +21,18 @@ PREDICT = (
 )
 
 
+@pytest.fixture(scope="module")
+def h11_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("h11-log") / "serve.log"
+
+
 @pytest.fixture(scope="module", params=["httptools", "h11"])
-def conn_server(request, world, tmp_path_factory):
-    if request.param == "httptools":  # the default: the shared server
+def conn_server(request, world, h11_log):
+    if request.param == "httptools":  # the default: the shared server (no access log)
         yield request.getfixturevalue("server")
         return
-    log = tmp_path_factory.mktemp("h11-log") / "serve.log"
-    with running_server(world, free_port(), log, *SERVER_SETTINGS, "connections.http_parser=h11") as base:
+    settings = (*SERVER_SETTINGS, "connections.http_parser=h11", "connections.access_log=true")
+    with running_server(world, free_port(), h11_log, *settings) as base:
         yield base
 
 
@@ -67,6 +72,19 @@ def read_response(sock: socket.socket) -> bytes:
 
 def status_of(reply: bytes) -> int:
     return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+
+
+def test_the_access_log_is_written_only_when_asked_for(conn_server, request, server_log, h11_log):
+    """Off by default (the httptools server); ``connections.access_log=true`` (the h11 server): a line a request."""
+    asked = request.node.callspec.params["conn_server"] == "h11"
+    marker = f"access-marker-{time.monotonic_ns()}"
+    with contextlib.closing(connect(conn_server)) as sock:
+        sock.sendall(f"GET /v2/health/live?{marker} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        assert status_of(read_response(sock)) == 200
+    time.sleep(0.3)
+    log = h11_log if asked else server_log
+    lines = [ln for ln in log.read_text().splitlines() if marker in ln]
+    assert len(lines) == (1 if asked else 0), lines
 
 
 def test_slow_loris_is_cut_off(conn_server):
