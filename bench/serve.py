@@ -252,6 +252,8 @@ def shared_vs_recompute(
 
     one = ranker.one_user_scorer()  # None for models the one-user path does not serve (pooling ablations)
     gemms = "" if one is None else f", {'oneDNN' if one.head.use_onednn else 'PyTorch'} GEMMs"
+    if getattr(one, "original_name", "") == "FusedOneUserScorer":
+        gemms = ", gemflow's one-op scorer (PyTorch GEMMs)"
     if one is not None:
         from models.attention.shared_context import FusedAttention
 

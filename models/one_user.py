@@ -2,8 +2,8 @@
 
 With one user the jagged layout is a single dense block: every candidate attends over the same context
 (``models.attention.shared_context``: gemflow's fused C++ op where it is built), the linear layers run on oneDNN
-with their bias, GELU and residual fused (``models.onednn``) or on PyTorch's own GEMMs, whichever ``script``
-measured faster on this CPU, and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the
+with their bias, GELU and residual fused (``models.onednn``) or on PyTorch's own GEMMs, or the whole candidate path
+is one C++ op (``FusedOneUserScorer``), whichever ``script`` measured faster on this CPU, and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the
 profile's share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids
 gathered straight from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The
 modules here hold the ranker's own layers and tables (no copies): they follow its weights.
@@ -177,6 +177,62 @@ class OneUserScorer(nn.Module):
         return self.head(torch.cat([q, q * token, token], 1), profile)
 
 
+class FusedOneUserScorer(OneUserScorer):
+    """``OneUserScorer`` whose candidate path is ONE call of gemflow's C++ op ``one_user_score``
+    (``models/native/one_user_score.cpp``: ATen's GEMMs and GELU, gemflow's attention, the LayerNorms, residual adds
+    and the head's expansion fused around them). ``user_side`` is the parent's. Construct it only after
+    ``models.native.load()`` returned True, where ``applies(ranker)``."""
+
+    def __init__(self, ranker):
+        super().__init__(ranker, use_onednn=False, attention=FusedAttention())
+        weights: list[torch.Tensor] = []
+        eps: list[float] = []
+        for norm_q, q, out, norm2, up, down in _block_layers(ranker):
+            for m in (norm_q, q, out, norm2, up, down):
+                weights += [m.weight, m.bias]
+            eps += [norm_q.eps, norm2.eps]
+        for m in (ranker.head[0], ranker.head[1], ranker.head[4]):
+            weights += [m.weight, m.bias]
+        eps.append(ranker.head[0].eps)
+        self.weights = [w.detach() for w in weights]  # the ranker's own storage: they follow its weights
+        self.eps = eps
+
+    @staticmethod
+    def applies(ranker) -> bool:
+        """``OneUserScorer.supports`` and every layer with its bias (the op takes them all)."""
+        if not OneUserScorer.supports(ranker):
+            return False
+        layers = [m for block in _block_layers(ranker) for m in block]
+        layers += [ranker.head[0], ranker.head[1], ranker.head[4]]
+        return all(m.weight is not None and m.bias is not None for m in layers)
+
+    def forward(
+        self,
+        token: torch.Tensor,
+        first_query: torch.Tensor | None,
+        kv: list[torch.Tensor],
+        profile: torch.Tensor,
+    ) -> torch.Tensor:
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for block_kv in kv:
+            k, v = context_layout(block_kv)
+            keys.append(k)
+            values.append(v)
+        return torch.ops.gemflow.one_user_score(
+            token, first_query, keys, values, profile, self.weights, self.eps
+        )
+
+
+def _block_layers(ranker) -> list[tuple]:
+    """Per target-aware block: (norm_q, q, out, norm2, up, down), the layers ``one_user_score`` takes."""
+    layers = []
+    for block in ranker.blocks:
+        up, _, down, _ = block.ffn.net
+        layers.append((block.norm_q, block.attn.q, block.attn.out, block.norm2, up, down))
+    return layers
+
+
 def score_padded(scorer, token: torch.Tensor, first_query: torch.Tensor | None, kv, profile) -> torch.Tensor:
     """``scorer(token, first_query, kv, profile)`` on the candidates' rows padded with zeros to ``bucket_rows(N)``:
     the first N rows of its logits. oneDNN compiles a kernel per GEMM shape and keeps 1,024: requests of varied
@@ -191,24 +247,51 @@ def score_padded(scorer, token: torch.Tensor, first_query: torch.Tensor | None, 
     return scorer(token, first_query, kv, profile)[:n]
 
 
-def script(ranker, rows: int = 1000) -> torch.jit.ScriptModule | None:
-    """``OneUserScorer(ranker)`` compiled by TorchScript, or None where it does not apply (``OneUserScorer.supports``).
+PYTORCH, ONEDNN, ONE_OP = "PyTorch's GEMMs", "oneDNN's GEMMs", "gemflow's one-op scorer"  # the variants
 
-    Which GEMMs are faster depends on the CPU (``models.onednn``: oneDNN with fused post-ops ran 2x MKL on a Zen 5,
-    MKL 1-7% faster on a Zen 3), so where oneDNN is available both are compiled (0.3 s for both), timed on ``rows``
-    candidates of random values, and the faster is kept (logged)."""
+
+def script(ranker, rows: int = 1000, variant: str | None = None) -> torch.jit.ScriptModule | None:
+    """The one-user scorer of ``ranker`` compiled by TorchScript, or None where it does not apply
+    (``OneUserScorer.supports``).
+
+    The variants: PyTorch's GEMMs, oneDNN's with fused post-ops (``models.onednn``: oneDNN ran 2x MKL on a Zen 5,
+    MKL 1-7% faster on a Zen 3) and, where gemflow's C++ kernels are built, the one-op scorer
+    (``FusedOneUserScorer``). ``variant`` names the one to use (a server's worker processes take the one their
+    server chose: the same answers, to the bit, whichever process scores); otherwise each available one is compiled
+    (~0.2 s each) and timed on ``rows`` candidates of random values, the variants' calls alternating (as a server's
+    scoring alternates with its other work: a loop of one variant alone runs in caches it never has in serving),
+    and the fastest is kept (logged)."""
     if not OneUserScorer.supports(ranker):
         return None
-    variants = {use: torch.jit.script(OneUserScorer(ranker, use).eval()) for use in {onednn.AVAILABLE, False}}
-    if len(variants) == 1:
-        return variants[False]
-    ms = _time_variants(variants, _probe_inputs(ranker, rows))
-    use = min(ms, key=ms.get)
-    fused = isinstance(variants[use].blocks[0].attention, FusedAttention)
-    log.info("one-user scorer (attention: %s): %d candidates in %.2f ms with oneDNN's GEMMs, %.2f ms with PyTorch's: "
-             "using %s", "gemflow's fused op" if fused else "PyTorch's ops", rows, ms[True], ms[False],
-             "oneDNN's" if use else "PyTorch's")  # fmt: skip
-    return variants[use]
+    variants = {PYTORCH: OneUserScorer(ranker, False)}
+    if onednn.AVAILABLE:
+        variants[ONEDNN] = OneUserScorer(ranker, True)
+    fused_attention = isinstance(variants[PYTORCH].blocks[0].attention, FusedAttention)
+    if fused_attention and FusedOneUserScorer.applies(ranker):  # the C++ kernels are built
+        variants[ONE_OP] = FusedOneUserScorer(ranker)
+    if variant is not None:
+        if variant not in variants:
+            raise ValueError(
+                f"one-user scorer variant {variant!r} is not available here (available: {sorted(variants)})"
+            )
+        return torch.jit.script(variants[variant].eval())
+    scripted = {name: torch.jit.script(module.eval()) for name, module in variants.items()}
+    if len(scripted) == 1:
+        return scripted[PYTORCH]
+    ms = _time_variants(scripted, _probe_inputs(ranker, rows))
+    best = min(ms, key=ms.get)
+    log.info("one-user scorer (attention: %s), %d candidates: %s; using %s",
+             "gemflow's fused op" if fused_attention else "PyTorch's ops", rows,
+             ", ".join(f"{name} {t:.2f} ms" for name, t in ms.items()), best)  # fmt: skip
+    return scripted[best]
+
+
+def variant_of(scorer) -> str:
+    """Which of ``script``'s variants ``scorer`` (scripted or not) is."""
+    name = getattr(scorer, "original_name", type(scorer).__name__)
+    if name == "FusedOneUserScorer":
+        return ONE_OP
+    return ONEDNN if scorer.head.use_onednn else PYTORCH
 
 
 def _probe_inputs(ranker, rows: int) -> tuple:

@@ -227,10 +227,11 @@ class Ranker(nn.Module):
             self.__dict__["_one_user"] = OneUserScorer(self) if OneUserScorer.supports(self) else None
         return self.__dict__["_one_user"]
 
-    def script_one_user(self) -> bool:
+    def script_one_user(self, variant: str | None = None) -> bool:
         """Run the one-user inference path compiled by TorchScript from now on (serving: one GIL release per
-        scoring call, ``models.one_user``); False where it does not apply."""
-        scripted = one_user.script(self)
+        scoring call, ``models.one_user``), the fastest variant on this CPU or ``variant``; False where it does not
+        apply."""
+        scripted = one_user.script(self, variant=variant)
         if scripted is not None:
             self.__dict__["_one_user"] = scripted
         return scripted is not None

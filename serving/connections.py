@@ -107,7 +107,7 @@ def set_access_log(enabled: bool) -> None:
     if not enabled:
         access.handlers = []
         access.propagate = False
-    elif not access.hasHandlers():  # asked for, but nothing configured it: print it like the other server lines
+    elif not access.hasHandlers():  # asked for, unconfigured: print it like the server's other lines
         access.addHandler(logging.StreamHandler())
         access.propagate = False
 

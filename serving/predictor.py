@@ -26,9 +26,11 @@ import functools
 import logging
 import time
 
+import torch
 from kserve import Model
 
 from gemflow.workspace import Workspace
+from models import one_user
 from serving import inputs as build
 from serving import runtime
 from serving.ad_table import (
@@ -78,15 +80,15 @@ class RankerPredictor(Model):
         self.pauses.start_gc()
         if self.served is None:
             self.served = load_served_model(self.cfg.model_uri, self.cfg.tracking_uri, self.ws)
-        # (worker processes compile their own copy: this process scores only with scoring threads)
-        if sc.torchscript and not sc.processes and not self.served.ranker.script_one_user():
+        # with worker processes, this process picks the variant (timed here) and each worker compiles that one
+        if sc.torchscript and not self.served.ranker.script_one_user():
             log.info("the ranker's one-user path does not apply to this model: candidates are scored eagerly")
         self.scorer = RequestScorer(self.served, self.name, sc.batch_size, int(sc.cache_mb * 2**20),
                                     self.expected_user_model_version)  # fmt: skip
         if sc.processes:
             setup = WorkerSetup(self.cfg.model_uri, self.cfg.tracking_uri, str(self.ws.root), self.name, sc.batch_size,
                                 int(sc.cache_mb * 2**20), self.expected_user_model_version, sc.torchscript,
-                                min(self.cfg.limits.max_candidates, sc.batch_size))  # fmt: skip
+                                min(self.cfg.limits.max_candidates, sc.batch_size), self._one_user_variant())  # fmt: skip
             self._processes = ScoringProcesses(setup, sc.processes)
             log.info("scoring in %d worker processes", sc.processes)
         else:
@@ -141,6 +143,11 @@ class RankerPredictor(Model):
     @property
     def expected_user_model_version(self) -> str:
         return self.cfg.expected_user_model_version or (self.served.user_model_version if self.served else "")
+
+    def _one_user_variant(self) -> str | None:
+        """The one-user scorer variant this process chose, for its worker processes (None: not scripted)."""
+        scorer = self.served.ranker.one_user_scorer()
+        return one_user.variant_of(scorer) if isinstance(scorer, torch.jit.ScriptModule) else None
 
     def _warm_up(self) -> None:
         """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score

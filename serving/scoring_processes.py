@@ -48,6 +48,7 @@ class WorkerSetup:
     expected_user_model_version: str
     torchscript: bool
     warm_up_size: int  # candidates of the throwaway requests scored before the first real one
+    one_user_variant: str | None = None  # the server's choice (``models.one_user.script``), for every worker
 
 
 class WorkerLost(RuntimeError):
@@ -66,7 +67,7 @@ def _serve_jobs(conn: Connection, setup: WorkerSetup) -> None:
     runtime.configure(1)  # one intra-op thread; freed memory kept in the heap (serving.runtime)
     served = load_served_model(setup.model_uri, setup.tracking_uri, Workspace(Path(setup.workspace)))
     if setup.torchscript:
-        served.ranker.script_one_user()
+        served.ranker.script_one_user(setup.one_user_variant)
     scorer = RequestScorer(served, setup.model_name, setup.batch_size, setup.cache_bytes,
                            setup.expected_user_model_version)  # fmt: skip
     conn.send(("ready", None))

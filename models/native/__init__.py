@@ -1,8 +1,9 @@
 """gemflow's C++ CPU kernels (``torch.ops.gemflow``): built once per machine by PyTorch's extension builder, then
 loaded from the cache.
 
-Today one op: ``shared_context_attend`` (``shared_context_attend.cpp``), the serving path's attention of a request's
-candidates over its user's context, fused. The build (g++, ~15 s) happens on first use, or ahead of time with
+Two ops: ``shared_context_attend`` (``shared_context_attend.cpp``), the serving path's attention of a request's
+candidates over its user's context, fused; and ``one_user_score`` (``one_user_score.cpp``), the one-user scorer's
+whole forward in one call (ATen's GEMMs, the rest fused around them). The build (g++, ~15 s) happens on first use, or ahead of time with
 ``python -m models.native`` (``make setup`` and the image do it); the library lands in
 ``$GEMFLOW_KERNELS_DIR`` (default ``$TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``) under a name keyed
 by the source, the compiler flags and the torch version, so a changed source or another torch builds anew and a
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 
 NAME = "gemflow_kernels"
 HERE = Path(__file__).parent
-SOURCES = (HERE / "shared_context_attend.cpp",)
+SOURCES = (HERE / "shared_context_attend.cpp", HERE / "one_user_score.cpp")
+HEADERS = (HERE / "shared_context_attend.h",)  # in the build key; compiled as part of the sources
 CFLAGS = ("-O3", "-fno-math-errno")
 
 
@@ -34,7 +36,7 @@ def build_directory() -> Path:
     """Where this source + flags + torch version is built: under ``GEMFLOW_KERNELS_DIR`` (a prebuilt image's),
     else ``TORCH_EXTENSIONS_DIR`` (where torch's own builds go), else ``~/.cache/torch_extensions``."""
     key = hashlib.sha256()
-    for src in SOURCES:
+    for src in (*SOURCES, *HEADERS):
         key.update(src.read_bytes())
     key.update(" ".join(CFLAGS).encode())
     key.update(torch.__version__.encode())

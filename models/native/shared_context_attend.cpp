@@ -21,6 +21,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "shared_context_attend.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -410,8 +412,10 @@ std::vector<float> padded_keys(const float* keys, int64_t rows, int64_t ctx, int
   return padded;
 }
 
-at::Tensor shared_context_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                 int64_t max_bits) {
+}  // namespace
+
+at::Tensor gemflow::shared_context_attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                                          int64_t max_bits) {
   TORCH_CHECK(q.dim() == 2 && keys.dim() == 3 && values.dim() == 3,
               "shared_context_attend: expected q (N, H*d), keys (H, d, T), values (H, T, d); got ", q.sizes(), ", ",
               keys.sizes(), ", ", values.sizes());
@@ -444,13 +448,15 @@ at::Tensor shared_context_attend(const at::Tensor& q, const at::Tensor& keys, co
   return out;
 }
 
+namespace {
+
 int64_t shared_context_attend_simd_bits(int64_t dim, int64_t max_bits) { return simd_bits(dim, max_bits); }
 
 }  // namespace
 
-TORCH_LIBRARY(gemflow, m) {
+TORCH_LIBRARY_FRAGMENT(gemflow, m) {
   m.def("shared_context_attend(Tensor q, Tensor keys, Tensor values, int max_bits=512) -> Tensor");
   m.def("shared_context_attend_simd_bits(int dim, int max_bits=512) -> int", &shared_context_attend_simd_bits);
 }
 
-TORCH_LIBRARY_IMPL(gemflow, CPU, m) { m.impl("shared_context_attend", shared_context_attend); }
+TORCH_LIBRARY_IMPL(gemflow, CPU, m) { m.impl("shared_context_attend", gemflow::shared_context_attend); }
