@@ -213,6 +213,7 @@ def shared_vs_recompute(
 ) -> None:
     import torch
 
+    from models import one_user
     from models.data import Candidates, Events, Profile
     from serving import runtime
     from serving.model_source import load_served_model
@@ -251,9 +252,7 @@ def shared_vs_recompute(
         return torch.cat(out).numpy()
 
     one = ranker.one_user_scorer()  # None for models the one-user path does not serve (pooling ablations)
-    gemms = "" if one is None else f", {'oneDNN' if one.head.use_onednn else 'PyTorch'} GEMMs"
-    if getattr(one, "original_name", "") == "FusedOneUserScorer":
-        gemms = ", gemflow's one-op scorer (PyTorch GEMMs)"
+    gemms = "" if one is None else f", {one_user.variant_of(one)}"
     if one is not None:
         from models.attention.shared_context import FusedAttention
 

@@ -3,8 +3,8 @@
 With one user the jagged layout is a single dense block: every candidate attends over the same context
 (``models.attention.shared_context``: gemflow's fused C++ op where it is built), the linear layers run on oneDNN
 with their bias, GELU and residual fused (``models.onednn``) or on PyTorch's own GEMMs, or the whole candidate path
-is one C++ op (``FusedOneUserScorer``), whichever ``script`` measured faster on this CPU, and the head's LayerNorm + Linear over [candidate ++ profile] is expanded so that the
-profile's share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids
+is one C++ op (``FusedOneUserScorer``), whichever ``script`` measured fastest on this CPU; the head's LayerNorm +
+Linear over [candidate ++ profile] is expanded so that the profile's share is computed once (``OneUserHead``). ``OneUserScorer.user_side`` is the user's half: its ids
 gathered straight from the embedding tables, [user tokens ++ events] as one context, every block's K/V. The
 modules here hold the ranker's own layers and tables (no copies): they follow its weights.
 
