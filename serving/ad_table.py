@@ -299,10 +299,10 @@ def _prime_child(make_loader: Callable[[], Loader]) -> None:
     _child_loader(make_loader)
 
 
-def _init_child() -> None:
+def _init_child(server_pid: int) -> None:
     os.nice(19)  # the lowest priority: the refresh runs on cycles request scoring leaves idle
     # a killed server must not leave its refresh process behind (the pool's queues never report it)
-    when_parent_exits(lambda: os._exit(0))
+    when_parent_exits(lambda: os._exit(0), server_pid)
 
 
 class ProcessLoader:
@@ -327,7 +327,10 @@ class ProcessLoader:
     def _pool_started(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_child
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_child,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
@@ -343,6 +346,13 @@ class ProcessLoader:
             ) from None
 
     def close(self) -> None:
+        """Stop the child now. It holds nothing worth a graceful end (it only reads the store), and left to finish
+        its work at nice 19 on a busy machine it could take many seconds, while the server's own exit waits for it
+        (``concurrent.futures`` joins its executors at interpreter exit). (``_processes``: the pool's children,
+        private but unchanged since Python 3.8.)"""
         if self._pool is not None:
+            children = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
+            for child in children:
+                child.kill()
         self._pool, self._pending = None, None

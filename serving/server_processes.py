@@ -64,7 +64,7 @@ def listen(cfg: ServingConfig, loaded) -> socket.socket:
     return sock
 
 
-def _child(cfg: ServingConfig, ws_root: str, loaded) -> None:
+def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor_pid: int) -> None:
     from gemflow.workspace import Workspace
     from serving.auth import AuthError
     from serving.model_source import ModelLoadError
@@ -73,7 +73,7 @@ def _child(cfg: ServingConfig, ws_root: str, loaded) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the supervisor; it stops us
     # killed with SIGKILL, the supervisor stops nobody: an orphan would keep answering on the port, and a server
     # started there again would share it with the old model
-    when_parent_exits(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    when_parent_exits(lambda: os.kill(os.getpid(), signal.SIGTERM), supervisor_pid)
     try:
         serve(cfg, Workspace(Path(ws_root)), listen=lambda: listen(cfg, loaded))
     except (ModelLoadError, AuthError, StartFailed) as err:
@@ -91,7 +91,9 @@ class Supervisor:
     def _start(self) -> tuple[mp.Process, object]:
         """A started server process and the event it sets once it listens (its model loaded)."""
         loaded = self.ctx.Event()
-        proc = self.ctx.Process(target=_child, args=(self.cfg, self.ws_root, loaded), name="gemflow-server")
+        proc = self.ctx.Process(
+            target=_child, args=(self.cfg, self.ws_root, loaded, os.getpid()), name="gemflow-server"
+        )
         proc.start()
         return proc, loaded
 

@@ -37,3 +37,11 @@ def counts_builds(log: Path) -> Loader:
     with log.open("a") as f:
         f.write(f"{os.getpid()}\n")
     return pid_loader()
+
+
+def slow_build(seconds: float) -> Loader:
+    """A loader whose construction takes ``seconds`` (a store that answers slowly at start-up)."""
+    import time
+
+    time.sleep(seconds)
+    return pid_loader()

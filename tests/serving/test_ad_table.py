@@ -3,6 +3,7 @@ snapshots built in a child process (``ProcessLoader``)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import os
@@ -139,6 +140,25 @@ def test_start_spawns_the_child_and_builds_its_loader_before_the_first_refresh(t
         assert log.read_text().split() == [str(builder)]  # its loader was built once, by the priming
     finally:
         table.stop()
+
+
+def test_close_stops_a_busy_child_at_once():
+    """A child still building its loader is stopped by ``close``, not left to finish (the server's exit would wait)."""
+    loader = ProcessLoader(functools.partial(ad_loaders.slow_build, 120.0), timeout_s=60)
+    before = {c.pid for c in psutil.Process().children()}
+    loader.start()
+    deadline, child = time.monotonic() + 60, None
+    while child is None and time.monotonic() < deadline:
+        for c in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):  # (a child of an earlier test may be a zombie)
+                if c.pid not in before and "spawn_main" in " ".join(c.cmdline()):
+                    child = c
+        time.sleep(0.05)
+    assert child is not None, "the refresh process was not spawned"
+    t0 = time.monotonic()
+    loader.close()
+    child.wait(timeout=10)
+    assert time.monotonic() - t0 < 10
 
 
 def test_process_loader_failures_are_failed_refreshes_and_a_dead_child_is_replaced(tmp_path):
