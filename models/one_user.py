@@ -140,10 +140,13 @@ class OneUserScorer(nn.Module):
         proj = self.user_proj
         if proj is not None and user_tokens is not None:
             context = torch.cat([proj(user_tokens.reshape(-1, user_tokens.shape[-1])), context], 0)
+        return context, [block(context) for block in self.context_kv], self.profile(profile_ids, age)
+
+    def profile(self, profile_ids: list[torch.Tensor], age: torch.Tensor) -> torch.Tensor:
+        """The (1, 3, d) profile tokens: age, gender, country."""
         gender = gather_rows(profile_ids[0], self.profile_tables[0], self.profile_sizes[0])
         country = gather_rows(profile_ids[1], self.profile_tables[1], self.profile_sizes[1])
-        profile = torch.cat([self.age(age), torch.stack([gender, country], 1)], 1)
-        return context, [block(context) for block in self.context_kv], profile
+        return torch.cat([self.age(age), torch.stack([gender, country], 1)], 1)
 
     @staticmethod
     def supports(ranker) -> bool:
@@ -178,10 +181,10 @@ class OneUserScorer(nn.Module):
 
 
 class FusedOneUserScorer(OneUserScorer):
-    """``OneUserScorer`` whose candidate path is ONE call of gemflow's C++ op ``one_user_score``
-    (``models/native/one_user_score.cpp``: ATen's GEMMs and GELU, gemflow's attention, the LayerNorms, residual adds
-    and the head's expansion fused around them). ``user_side`` is the parent's. Construct it only after
-    ``models.native.load()`` returned True, where ``applies(ranker)``."""
+    """``OneUserScorer`` whose candidate path is ONE call of gemflow's C++ op ``one_user_score`` and whose user side
+    is one call of ``one_user_side`` (``models/native/one_user.cpp``: ATen's GEMMs and GELU, gemflow's attention,
+    the gathers, LayerNorms, residual adds and the head's expansion fused around them), the profile tokens as the
+    parent makes them. Construct it only after ``models.native.load()`` returned True, where ``applies(ranker)``."""
 
     def __init__(self, ranker):
         super().__init__(ranker, use_onednn=False, attention=FusedAttention())
@@ -196,6 +199,22 @@ class FusedOneUserScorer(OneUserScorer):
         eps.append(ranker.head[0].eps)
         self.weights = [w.detach() for w in weights]  # the ranker's own storage: they follow its weights
         self.eps = eps
+        # the user side's operands (detached views, as above)
+        self.side_tables = [t.detach() for t in self.event_tables]
+        self.side_norm = [self.event_norm.weight.detach(), self.event_norm.bias.detach()]
+        self.side_norm_eps = float(self.event_norm.eps)
+        proj = ranker.user_proj
+        self.has_proj = proj is not None
+        self.proj_weights = (
+            [torch.empty(0), torch.empty(0)] if proj is None else [proj.weight.detach(), proj.bias.detach()]
+        )
+        self.kv_weights = [
+            w.detach()
+            for block in self.context_kv
+            for w in (block.norm.weight, block.norm.bias, block.kv.weight, block.kv.bias)
+        ]
+        self.kv_eps = [float(block.norm.eps) for block in self.context_kv]
+        self.heads = ranker.blocks[0].attn.heads if len(ranker.blocks) else 1
 
     @staticmethod
     def applies(ranker) -> bool:
@@ -203,8 +222,29 @@ class FusedOneUserScorer(OneUserScorer):
         if not OneUserScorer.supports(ranker):
             return False
         layers = [m for block in _block_layers(ranker) for m in block]
-        layers += [ranker.head[0], ranker.head[1], ranker.head[4]]
+        layers += [ranker.head[0], ranker.head[1], ranker.head[4], ranker.events.norm]
+        layers += [m for block in ranker.blocks for m in (block.norm_ctx, block.attn.kv)]
+        if ranker.user_proj is not None:
+            layers.append(ranker.user_proj)
         return all(m.weight is not None and m.bias is not None for m in layers)
+
+    @torch.jit.export
+    def user_side(
+        self, events: list[torch.Tensor], profile_ids: list[torch.Tensor], age: torch.Tensor,
+        user_tokens: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:  # fmt: skip
+        """``OneUserScorer.user_side`` with the context and K/V from one call of ``one_user_side``."""
+        tokens: torch.Tensor | None = None
+        proj_w: torch.Tensor | None = None
+        proj_b: torch.Tensor | None = None
+        if user_tokens is not None and self.has_proj:
+            tokens = user_tokens.reshape(-1, user_tokens.shape[-1])
+            proj_w, proj_b = self.proj_weights[0], self.proj_weights[1]
+        context, kv = torch.ops.gemflow.one_user_side(
+            events, self.side_tables, self.event_sizes, self.side_norm[0], self.side_norm[1], self.side_norm_eps,
+            tokens, proj_w, proj_b, self.kv_weights, self.kv_eps, self.heads,
+        )  # fmt: skip
+        return context, kv, self.profile(profile_ids, age)
 
     def forward(
         self,

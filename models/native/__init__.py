@@ -2,8 +2,8 @@
 loaded from the cache.
 
 Two ops: ``shared_context_attend`` (``shared_context_attend.cpp``), the serving path's attention of a request's
-candidates over its user's context, fused; and ``one_user_score`` (``one_user_score.cpp``), the one-user scorer's
-whole forward in one call (ATen's GEMMs, the rest fused around them). The build (g++, ~15 s) happens on first use, or ahead of time with
+candidates over its user's context, fused; and ``one_user_side`` / ``one_user_score`` (``one_user.cpp``), the
+one-user path's user side and candidate scoring, each in one call (ATen's GEMMs, the rest fused around them). The build (g++, ~15 s) happens on first use, or ahead of time with
 ``python -m models.native`` (``make setup`` and the image do it); the library lands in
 ``$GEMFLOW_KERNELS_DIR`` (default ``$TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``) under a name keyed
 by the source, the compiler flags and the torch version, so a changed source or another torch builds anew and a
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 NAME = "gemflow_kernels"
 HERE = Path(__file__).parent
-SOURCES = (HERE / "shared_context_attend.cpp", HERE / "one_user_score.cpp")
+SOURCES = (HERE / "shared_context_attend.cpp", HERE / "one_user.cpp")
 HEADERS = (HERE / "shared_context_attend.h",)  # in the build key; compiled as part of the sources
 CFLAGS = ("-O3", "-fno-math-errno")
 

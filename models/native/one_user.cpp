@@ -1,5 +1,10 @@
-// The one-user scorer's forward (``models.one_user.OneUserScorer.forward``) as ONE op: a serving request's N
-// candidates through the target-aware blocks and the head, over one user's per-block K/V.
+// The one-user path of serving (``models.one_user``) as two ops, one call each per request:
+//
+// - ``one_user_side``: ``OneUserScorer.user_side``'s context and per-block K/V: the events' id embeddings gathered
+//   and summed (ids outside a table -> its OOV row) and normalized, the user's cached tokens projected in front,
+//   and each block's LayerNorm + K/V projection;
+// - ``one_user_score``: ``OneUserScorer.forward``: a request's N candidates through the target-aware blocks and
+//   the head, over that K/V.
 //
 // The GEMMs stay ATen's (MKL's sgemm, at this CPU's float32 peak on these shapes), as does the GELU (vectorized
 // erf) and the attention (``gemflow::shared_context_attend``). What this op removes is everything around them: as
@@ -30,6 +35,8 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
+#include <vector>
 
 #include "shared_context_attend.h"
 
@@ -235,11 +242,98 @@ at::Tensor one_user_score(const at::Tensor& token, const std::optional<at::Tenso
   return at::addmm(last_b, z, last_w.t());
 }
 
+struct GatherArgs {
+  const int64_t* const* ids;  // per field, (T,) ids
+  const float* const* tables;  // per field, (size + 1, d): the last row is the OOV row
+  const int64_t* sizes;
+  int64_t fields, d;
+  float* out;  // (T, d)
+};
+
+// out[r] = sum over the fields of table_f[ids_f[r]] (an id outside [0, size_f) reads the OOV row), r in [begin, end).
+GEMFLOW_ROWS void gather_sum_rows(const GatherArgs& a, int64_t begin, int64_t end) {
+  const int64_t d = a.d;
+  for (int64_t r = begin; r < end; ++r) {
+    float* __restrict__ y = a.out + r * d;
+    for (int64_t f = 0; f < a.fields; ++f) {
+      const int64_t id = a.ids[f][r], size = a.sizes[f];
+      const float* __restrict__ row = a.tables[f] + (id >= 0 && id < size ? id : size) * d;
+      if (f == 0) {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < d; ++j) y[j] = row[j];
+      } else {
+#pragma GCC ivdep
+        for (int64_t j = 0; j < d; ++j) y[j] += row[j];
+      }
+    }
+  }
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> one_user_side(
+    at::TensorList event_ids, at::TensorList event_tables, at::IntArrayRef event_sizes, const at::Tensor& norm_w,
+    const at::Tensor& norm_b, double norm_eps, const std::optional<at::Tensor>& user_tokens,
+    const std::optional<at::Tensor>& proj_w, const std::optional<at::Tensor>& proj_b, at::TensorList kv_weights,
+    at::ArrayRef<double> kv_eps, int64_t heads) {
+  const int64_t fields = static_cast<int64_t>(event_ids.size());
+  TORCH_CHECK(fields >= 1 && static_cast<int64_t>(event_tables.size()) == fields &&
+                  static_cast<int64_t>(event_sizes.size()) == fields,
+              "one_user_side: ", event_ids.size(), " id fields, ", event_tables.size(), " tables and ",
+              event_sizes.size(), " sizes (one of each per field)");
+  const int64_t blocks = static_cast<int64_t>(kv_eps.size());
+  TORCH_CHECK(static_cast<int64_t>(kv_weights.size()) == 4 * blocks, "one_user_side: expected ", 4 * blocks,
+              " K/V weights for ", blocks, " blocks, got ", kv_weights.size());
+  const int64_t d = event_tables[0].size(1), t = event_ids[0].numel();
+  std::vector<at::Tensor> ids(fields), tables(fields);
+  std::vector<const int64_t*> id_ptrs(fields);
+  std::vector<const float*> table_ptrs(fields);
+  for (int64_t f = 0; f < fields; ++f) {
+    TORCH_CHECK(event_ids[f].scalar_type() == at::kLong && event_ids[f].numel() == t,
+                "one_user_side: every id field must be int64 with one id per event (", t, ")");
+    TORCH_CHECK(event_tables[f].scalar_type() == at::kFloat && event_tables[f].dim() == 2 &&
+                    event_tables[f].size(1) == d && event_tables[f].size(0) == event_sizes[f] + 1,
+                "one_user_side: table ", f, " must be float32 (size + 1, ", d, "), got ", event_tables[f].sizes());
+    ids[f] = event_ids[f].contiguous();
+    tables[f] = event_tables[f].contiguous();
+    id_ptrs[f] = ids[f].data_ptr<int64_t>();
+    table_ptrs[f] = tables[f].data_ptr<float>();
+  }
+  const bool with_tokens = user_tokens.has_value() && proj_w.has_value() && proj_b.has_value();
+  const int64_t k = with_tokens ? user_tokens->size(0) : 0, c = k + t;
+  const at::TensorOptions opts = event_tables[0].options();
+  at::Tensor context = at::empty({c, d}, opts);
+  if (with_tokens) {  // the user's cached tokens, projected, in front of the events
+    at::Tensor front = context.narrow(0, 0, k);
+    at::addmm_out(front, *proj_b, user_tokens->contiguous(), proj_w->t());
+  }
+  if (t > 0) {
+    at::Tensor summed = at::empty({t, d}, opts);
+    const GatherArgs gather{id_ptrs.data(), table_ptrs.data(), event_sizes.data(), fields, d, ptr(summed)};
+    at::parallel_for(0, t, kGrain, [&](int64_t begin, int64_t end) { gather_sum_rows(gather, begin, end); });
+    bias_layer_norm({ptr(summed), nullptr, ptr(context) + k * d, ptr(norm_w), ptr(norm_b), d,
+                     static_cast<float>(norm_eps)},
+                    t);
+  }
+  std::vector<at::Tensor> kv(blocks);
+  at::Tensor xn = at::empty({c, d}, opts);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const at::Tensor* w = kv_weights.data() + 4 * i;  // norm w/b, kv W/b
+    bias_layer_norm({ptr(context), nullptr, ptr(xn), ptr(w[0]), ptr(w[1]), d, static_cast<float>(kv_eps[i])}, c);
+    kv[i] = at::addmm(w[3], xn, w[2].t()).view({c, 2, heads, d / heads});
+  }
+  return {context, kv};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(gemflow, m) {
+  m.def("one_user_side(Tensor[] event_ids, Tensor[] event_tables, int[] event_sizes, Tensor norm_w, "
+        "Tensor norm_b, float norm_eps, Tensor? user_tokens, Tensor? proj_w, Tensor? proj_b, Tensor[] kv_weights, "
+        "float[] kv_eps, int heads) -> (Tensor, Tensor[])");
   m.def("one_user_score(Tensor token, Tensor? first_query, Tensor[] keys, Tensor[] values, Tensor profile, "
         "Tensor[] weights, float[] eps) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(gemflow, CPU, m) { m.impl("one_user_score", one_user_score); }
+TORCH_LIBRARY_IMPL(gemflow, CPU, m) {
+  m.impl("one_user_side", one_user_side);
+  m.impl("one_user_score", one_user_score);
+}
