@@ -7,12 +7,12 @@
 //   the head, over that K/V.
 //
 // The GEMMs stay ATen's (MKL's sgemm, at this CPU's float32 peak on these shapes), as does the GELU (vectorized
-// erf) and the attention (``gemflow::shared_context_attend``). What this op removes is everything around them: as
-// ~100 small TorchScript ops, the residual adds, bias broadcasts, LayerNorms, the head's expanded LayerNorm (six
-// passes) and the concatenation each allocated a tensor, streamed the rows through memory and ran its own kernel.
-// Back to back, that costs little more than one op; but a server runs other work between two scoring calls, and
-// each call then meets cold caches: in process, alternating with the TorchScript path call by call, this op took
-// 12-17% less CPU, and 17-23% less after a 10-40 ms pause (docs/serving-speed.md, round 11). Here a bias and a
+// erf) and the attention (``gemflow::shared_context_attend``). What the ops remove is everything around them: as
+// ~150 small TorchScript ops, the gathers, residual adds, bias broadcasts, LayerNorms, the head's expanded LayerNorm
+// (six passes) and the concatenations each allocated a tensor, streamed the rows through memory and ran its own
+// kernel. Back to back, that costs little more than one op; but a server runs other work between two scoring
+// calls, and each call then meets cold caches: in process, alternating with the TorchScript path call by call,
+// the scorer op took 12-17% less CPU, 17-23% less after a 10-40 ms pause (docs/serving-speed.md, round 11). A bias and a
 // residual ride on a GEMM (``addmm_``: beta = 1 adds into the running rows in place) or on the LayerNorm pass that
 // reads the rows next, and each LayerNorm is one pass over rows that fit in L1.
 //
