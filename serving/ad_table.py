@@ -281,7 +281,7 @@ def store_ad_loader(ws, store_cfg, feature_service: str, chunk: int = 2000) -> L
 
 
 # ------------------------------------------------------------------------------------- refresh process
-_CHILD_LOADER: Loader | None = None  # the refresh process's loader, built by its first refresh
+_CHILD_LOADER: Loader | None = None  # the refresh process's loader, built by the priming or the first refresh
 
 
 def _child_loader(make_loader: Callable[[], Loader]) -> Loader:
