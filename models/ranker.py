@@ -193,28 +193,30 @@ class Ranker(nn.Module):
         return CandidateQueries(token, first)
 
     def score(
-        self, side: UserSide, cands: Candidates, queries: CandidateQueries | None = None
+        self, side: UserSide, cands: Candidates | None, queries: CandidateQueries | None = None
     ) -> torch.Tensor:
         """(N, 2) logits; ``cands.offsets`` groups the N candidates by the users of ``side``. ``queries``: the
-        candidates' ``candidate_queries`` when the caller has them already (serving caches them per ad)."""
+        candidates' ``candidate_queries`` when the caller has them already (serving caches them per ad); with them
+        and one user, ``cands`` may be None."""
         b = side.offsets.numel() - 1
         one_user_path = b == 1 and not torch.is_grad_enabled()
         if queries is None:
             queries = self.candidate_queries(cands, project=one_user_path)
+        elif cands is None and b != 1:
+            raise ValueError("Ranker.score needs the candidates' offsets to score more than one user")
         if one_user_path and (scorer := self.one_user_scorer()) is not None:
-            return one_user.score_padded(
-                scorer, queries.token, queries.first_query, side.kv, side.profile.reshape(-1)
-            )
+            return one_user.score(scorer, queries.token, queries.first_query, side.kv, side.profile.reshape(-1))
+        offsets = torch.tensor([0, queries.token.shape[0]]) if cands is None else cands.offsets
         q0 = q = queries.token  # the candidate's one token
         if self.cfg.pooling == "target":
             for block, kv in zip(self.blocks, side.kv, strict=True):
-                q = block(q, cands.offsets, kv, side.offsets)
+                q = block(q, offsets, kv, side.offsets)
         elif self.cfg.pooling == "mean":
-            q = q + segment_mean(side.context, side.offsets)[segment_ids(cands.offsets)]
+            q = q + segment_mean(side.context, side.offsets)[segment_ids(offsets)]
         else:
-            q = q + self.din(q, cands.offsets, side.context, side.offsets)
+            q = q + self.din(q, offsets, side.context, side.offsets)
         # q * q0 exposes how well what the candidate read from the context matches the candidate itself
-        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), side.profile[segment_ids(cands.offsets)]], 1)
+        tokens = torch.cat([torch.stack([q, q * q0, q0], 1), side.profile[segment_ids(offsets)]], 1)
         return self.head(self.interaction(tokens))
 
     def one_user_scorer(self) -> OneUserScorer | None:

@@ -81,6 +81,15 @@ class AdArrays:
         return np.ascontiguousarray(dense, np.float32), adv, cat, known
 
 
+    def unknown_count(self, ad_ids: np.ndarray) -> int:
+        """How many of ``ad_ids`` the ad table does not know (``take``'s ``known``, counted without the rows)."""
+        size = len(self.advertiser)
+        inside = (ad_ids >= 0) & (ad_ids < size)
+        if not size:
+            return len(ad_ids)
+        return int(len(ad_ids) - (inside & self.snapshot.known[np.where(inside, ad_ids, 0)]).sum())
+
+
 def default_dense_row(spec: DenseSpec) -> np.ndarray:
     """What training's normalization gives an ad with no feature values (NaN -> 0 -> z-scored)."""
     if not spec.columns:

@@ -102,10 +102,14 @@ class RequestScorer:
             reasons.append(why_not)
         cold_start = served.ranker.user_proj is not None and tokens is None
         user = UserInputs(recent, build.profile(req.user_id, feats), tokens)
-        cands, unknown = build.candidates(req.candidates, req.surface, ads)
+        # the candidates' rows from the cache where it covers them; their features only where it does not
+        queries = self.cache.queries(ads, req.surface, req.candidates)
+        if queries is None:
+            cands, unknown = build.candidates(req.candidates, req.surface, ads)
+        else:
+            cands, unknown = None, ads.unknown_count(req.candidates)
         t0 = time.perf_counter()
         build_ms = 1e3 * (t0 - t_build)
-        queries = self.cache.queries(ads, req.surface, req.candidates)
         probs = score_shared(served.ranker, user, cands, self.batch_size, job.check, queries)
         order = np.argsort(-probs[:, 0], kind="stable")
         score_ms = 1e3 * (time.perf_counter() - t0)

@@ -42,7 +42,7 @@ def user_tokens(embedding: np.ndarray | None, ranker: Ranker) -> tuple[torch.Ten
 def score_shared(
     ranker: Ranker,
     user: UserInputs,
-    cands: Candidates,
+    cands: Candidates | None,
     batch_size: int,
     check: Callable[[], None] | None = None,
     queries: CandidateQueries | None = None,
@@ -50,10 +50,13 @@ def score_shared(
     """(N, 2) probabilities p_click, p_conversion; the user's K/V computed once, shared by every batch.
 
     ``check`` is called before every batch: it raises to abandon a request whose deadline passed. ``queries``:
-    the candidates' user-independent rows when the caller has them (``serving.candidate_cache``)."""
+    the candidates' user-independent rows when the caller has them (``serving.candidate_cache``); ``cands`` may
+    then be None (``Ranker.score`` needs nothing else of them)."""
+    if cands is None and queries is None:
+        raise ValueError("score_shared needs the candidates or their queries")
     mask = None if user.user_tokens is None else torch.ones(1, dtype=torch.bool)
     side = ranker.user_side(user.recent, user.profile, user.user_tokens, mask)
-    n = cands.ad_id.numel()
+    n = queries.token.shape[0] if cands is None else cands.ad_id.numel()
     if 0 < n <= batch_size:  # one batch (the usual request): no slicing
         if check is not None:
             check()
@@ -63,14 +66,14 @@ def score_shared(
         if check is not None:
             check()
         stop = min(n, start + batch_size)
-        chunk = Candidates(
+        chunk = None if cands is None else Candidates(
             ad_id=cands.ad_id[start:stop],
             advertiser_id=cands.advertiser_id[start:stop],
             category_id=cands.category_id[start:stop],
             surface=cands.surface[start:stop],
             dense=cands.dense[start:stop],
             offsets=torch.tensor([0, stop - start]),
-        )
+        )  # fmt: skip
         part = None if queries is None else queries.part(start, stop)
         out.append(torch.sigmoid(ranker.score(side, chunk, part)))
     return torch.cat(out).numpy() if out else np.zeros((0, 2), np.float32)

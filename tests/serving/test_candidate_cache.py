@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pandas as pd
 import torch
 
@@ -67,3 +68,28 @@ def test_what_the_cache_does_not_cover_takes_the_request_path():
     assert CandidateCache(ranker, max_bytes=0).queries(ads, 0, np.array([5])) is None  # off
     rows = cache.queries(ads, 0, np.array([7, 7, 3]))
     torch.testing.assert_close(rows.token[0], rows.token[1])
+
+
+@pytest.mark.parametrize("pooling", ["target", "mean", "din"])
+def test_cached_rows_score_without_the_candidates_features(pooling):
+    """What serving runs where the cache covers a request: no ``Candidates`` built (``cands=None``), the same
+    scores, in one batch and in several; and the unknown ads counted as ``build.candidates`` counts them."""
+    ranker, ads = _ranker(True, pooling), _arrays(0)
+    cache = CandidateCache(ranker, max_bytes=2**20)
+    ad_ids = np.random.default_rng(1).permutation(ADS)[:180]
+    cands, unknown = build.candidates(ad_ids, 3, ads)
+    queries = cache.queries(ads, 3, ad_ids)
+    assert unknown == ads.unknown_count(ad_ids) > 0
+    for batch in (128, 512):
+        with_features = score_shared(ranker, _user(12, True), cands, batch, queries=queries)
+        without = score_shared(ranker, _user(12, True), None, batch, queries=queries)
+        np.testing.assert_array_equal(without, with_features)
+    with pytest.raises(ValueError, match="candidates or their queries"):
+        score_shared(ranker, _user(12, True), None, 128)
+
+
+def test_unknown_ads_are_counted_as_the_request_path_counts_them():
+    ads = _arrays(0)
+    assert ads.unknown_count(np.array([-1, 0, ADS, 10**12])) == build.candidates(
+        np.array([-1, 0, ADS, 10**12]), 0, ads
+    )[1]
