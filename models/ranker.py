@@ -205,7 +205,9 @@ class Ranker(nn.Module):
         elif cands is None and b != 1:
             raise ValueError("Ranker.score needs the candidates' offsets to score more than one user")
         if one_user_path and (scorer := self.one_user_scorer()) is not None:
-            return one_user.score(scorer, queries.token, queries.first_query, side.kv, side.profile.reshape(-1))
+            return one_user.score(
+                scorer, queries.token, queries.first_query, side.kv, side.profile.reshape(-1)
+            )
         offsets = torch.tensor([0, queries.token.shape[0]]) if cands is None else cands.offsets
         q0 = q = queries.token  # the candidate's one token
         if self.cfg.pooling == "target":

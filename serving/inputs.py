@@ -80,7 +80,6 @@ class AdArrays:
             adv = cat = np.full(len(ad_ids), -1, np.int64)
         return np.ascontiguousarray(dense, np.float32), adv, cat, known
 
-
     def unknown_count(self, ad_ids: np.ndarray) -> int:
         """How many of ``ad_ids`` the ad table does not know (``take``'s ``known``, counted without the rows)."""
         size = len(self.advertiser)

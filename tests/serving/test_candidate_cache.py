@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 import torch
 
 from models.data import DenseSpec
@@ -90,6 +90,7 @@ def test_cached_rows_score_without_the_candidates_features(pooling):
 
 def test_unknown_ads_are_counted_as_the_request_path_counts_them():
     ads = _arrays(0)
-    assert ads.unknown_count(np.array([-1, 0, ADS, 10**12])) == build.candidates(
-        np.array([-1, 0, ADS, 10**12]), 0, ads
-    )[1]
+    assert (
+        ads.unknown_count(np.array([-1, 0, ADS, 10**12]))
+        == build.candidates(np.array([-1, 0, ADS, 10**12]), 0, ads)[1]
+    )
