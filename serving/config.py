@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from features.feature_repo import FeatureStoreConfig
 
 MODEL_NAME = "gem-ranker"
+EVENT_LOOPS = ("uvloop", "asyncio")  # ``connections.event_loop``
 
 
 @dataclass
@@ -49,6 +50,10 @@ class ConnectionConfig:
     # uvicorn's access log, one line per request: off by default (/metrics counts every response by route and
     # status, and a refused request logs its own line); at 250 requests/s it cost ~1.5% of the server's CPU
     access_log: bool = False
+    # the server's asyncio event loop: uvloop (libuv, in C) or the standard library's (in Python). A request crosses
+    # the loop twice (arrival, answer from its scoring thread): uvloop took 4% off the server's CPU per request
+    # (docs/serving-speed.md, round 12)
+    event_loop: str = "uvloop"
 
 
 @dataclass
@@ -144,6 +149,8 @@ class ServingConfig:
             )
         if con.http_parser not in ("httptools", "h11"):
             raise ValueError(f"connections.http_parser must be httptools or h11, got {con.http_parser!r}")
+        if con.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"connections.event_loop must be uvloop or asyncio, got {con.event_loop!r}")
         sc = self.scoring
         if sc.cache_mb < 0:
             raise ValueError(f"scoring.cache_mb must be >= 0 (0 = no cache), got {sc.cache_mb}")

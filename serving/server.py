@@ -48,8 +48,19 @@ class GemflowModelServer(kserve.ModelServer):
         self.servers.append(rest.start() if sock is None else _serve_on(rest, sock))
         self.setup_event_loop()
         self.register_signal_handler()
-        log.info("serving %s on http://%s:%d", [m.name for m in models], self.cfg.host, self.http_port)
-        asyncio.run(self._serve())
+        log.info("serving %s on http://%s:%d (%s event loop)", [m.name for m in models], self.cfg.host,
+                 self.http_port, self.cfg.connections.event_loop)  # fmt: skip
+        with asyncio.Runner(loop_factory=loop_factory(self.cfg.connections.event_loop)) as runner:
+            runner.run(self._serve())
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``connections.event_loop`` names: uvloop's, or None for the standard library's."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
 
 
 async def _serve_on(rest: RESTServer, sock: socket.socket) -> None:

@@ -1,8 +1,10 @@
 """Connection-level limits with real sockets against running servers (``serving.connections``: the shared
-server on httptools and a second one on h11, both with ``header_timeout_s=1`` and ``idle_timeout_s=2``)."""
+server on httptools and uvloop, the defaults, and a second one on h11 and asyncio's own loop, both with
+``header_timeout_s=1`` and ``idle_timeout_s=2``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
@@ -11,6 +13,8 @@ import urllib.request
 
 import pytest
 
+from serving.config import EVENT_LOOPS, ConnectionConfig, ServingConfig
+from serving.server import loop_factory
 from tests.serving.conftest import SERVER_SETTINGS
 from tests.serving.world import MODEL, free_port, running_server
 
@@ -31,7 +35,8 @@ def conn_server(request, world, h11_log):
     if request.param == "httptools":  # the default: the shared server (no access log)
         yield request.getfixturevalue("server")
         return
-    settings = (*SERVER_SETTINGS, "connections.http_parser=h11", "connections.access_log=true")
+    settings = (*SERVER_SETTINGS, "connections.http_parser=h11", "connections.access_log=true",
+                "connections.event_loop=asyncio")  # fmt: skip
     with running_server(world, free_port(), h11_log, *settings) as base:
         yield base
 
@@ -85,6 +90,12 @@ def test_the_access_log_is_written_only_when_asked_for(conn_server, request, ser
     log = h11_log if asked else server_log
     lines = [ln for ln in log.read_text().splitlines() if marker in ln]
     assert len(lines) == (1 if asked else 0), lines
+
+
+def test_each_server_runs_the_event_loop_it_was_given(conn_server, request, server_log, h11_log):
+    other = request.node.callspec.params["conn_server"] == "h11"
+    log = (h11_log if other else server_log).read_text()
+    assert f"({'asyncio' if other else 'uvloop'} event loop)" in log
 
 
 def test_slow_loris_is_cut_off(conn_server):
@@ -159,3 +170,16 @@ def test_413_on_a_chunked_body_stops_reading_and_closes(conn_server):
     assert sent < 50 << 20, sent  # the server stopped taking the body long before its 100 MiB
     data, _ = read_until_closed(sock, 3)
     assert data == b"" or status_of(data) == 413, data[:200]
+
+
+@pytest.mark.parametrize("name", EVENT_LOOPS)
+def test_the_event_loop_is_the_one_configured(name):
+    factory = loop_factory(
+        ServingConfig(connections=ConnectionConfig(event_loop=name)).connections.event_loop
+    )
+    with asyncio.Runner(loop_factory=factory) as runner:
+        loop = runner.get_loop()
+        assert type(loop).__module__.split(".")[0] == ("uvloop" if name == "uvloop" else "asyncio")
+        assert runner.run(asyncio.sleep(0, result=7)) == 7
+    with pytest.raises(ValueError, match="connections.event_loop must be uvloop or asyncio"):
+        ServingConfig(connections=ConnectionConfig(event_loop="trio"))
