@@ -237,10 +237,10 @@ class Gateway:
     async def _admitted(self, is_v2: bool, scope, headers: dict, receive, reply: Reply) -> None:
         lim = self.cfg.limits
         deadline = time.monotonic() + lim.request_timeout_ms / 1e3
+        # asyncio.timeout, not wait_for: no Task created per await
         try:  # a client trickling its body holds an admission slot: the deadline covers the read too
-            raw = await asyncio.wait_for(
-                self._read_body(scope, headers, receive, reply), lim.request_timeout_ms / 1e3
-            )
+            async with asyncio.timeout(lim.request_timeout_ms / 1e3):
+                raw = await self._read_body(scope, headers, receive, reply)
         except TimeoutError:
             if reply.status is not None:  # the read had already answered (413) when the deadline hit
                 return
@@ -265,7 +265,8 @@ class Gateway:
             return await self._refuse(reply, scope, 400, str(err))
         parse_ms = 1e3 * (time.perf_counter() - t_parse)
         try:
-            result = await asyncio.wait_for(self.predictor.answer(req, deadline), deadline - time.monotonic())
+            async with asyncio.timeout(deadline - time.monotonic()):
+                result = await self.predictor.answer(req, deadline)
         except (TimeoutError, Cancelled):
             self.predictor.stats.shed_one("deadline")
             log.info(
