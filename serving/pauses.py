@@ -60,6 +60,13 @@ class PauseMonitor:
         if self._task is not None:
             self._task.cancel()
 
+    def clear_gc(self) -> None:
+        """Forget the collections counted so far (the server calls it once loading and ``freeze_heap`` are done:
+        their collections, the freeze's full one among them, are not pauses of serving)."""
+        with self._lock:
+            for g in GENERATIONS:
+                self.gc_count[g], self.gc_total_ms[g], self.gc_max_ms[g] = 0, 0.0, 0.0
+
     def _on_gc(self, phase: str, info: dict) -> None:
         now, me = time.perf_counter(), threading.get_ident()
         if phase == "start":

@@ -101,6 +101,7 @@ def serve(cfg: ServingConfig, ws: Workspace, listen: Callable[[], socket.socket]
     predictor = RankerPredictor(cfg, ws)
     predictor.load()
     frozen = freeze_heap()  # what loading left alive is never walked by a collection again (serving.pauses)
+    predictor.pauses.clear_gc()  # /stats' GC pauses are serving's own, not loading's
     log.info("%d objects frozen out of garbage collection", frozen)
     sock = None if listen is None else listen()
     if tokens.inference is None:

@@ -24,6 +24,19 @@ def test_collections_are_timed_per_generation():
     assert 0 < stats["gen2"]["max_ms"] <= stats["gen2"]["total_ms"]
 
 
+def test_clearing_forgets_the_collections_so_far():
+    monitor = PauseMonitor()
+    monitor.start_gc()
+    try:
+        gc.collect()
+        monitor.clear_gc()
+        assert monitor.snapshot()["gc"] == {}
+        gc.collect()
+    finally:
+        monitor.stop()
+    assert monitor.snapshot()["gc"]["gen2"]["count"] == 1
+
+
 def test_a_blocked_loop_shows_up_as_lag():
     monitor = PauseMonitor(lag_interval_s=0.01)
 
