@@ -83,9 +83,9 @@ class AdArrays:
     def unknown_count(self, ad_ids: np.ndarray) -> int:
         """How many of ``ad_ids`` the ad table does not know (``take``'s ``known``, counted without the rows)."""
         size = len(self.advertiser)
-        inside = (ad_ids >= 0) & (ad_ids < size)
         if not size:
             return len(ad_ids)
+        inside = (ad_ids >= 0) & (ad_ids < size)
         return int(len(ad_ids) - (inside & self.snapshot.known[np.where(inside, ad_ids, 0)]).sum())
 
 
