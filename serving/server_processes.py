@@ -26,6 +26,7 @@ from pathlib import Path
 
 from serving.config import ServingConfig
 from serving.parent_watch import when_parent_exits
+from serving.stats import SHARED_METRICS_ENV
 
 log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = 5.0  # a process that keeps dying is restarted at most this often
@@ -104,6 +105,7 @@ class Supervisor:
         port = bind(self.cfg.host, self.cfg.http_port, listen=False)
         with tempfile.TemporaryDirectory(prefix="gemflow-metrics-") as metrics_dir:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # inherited by the spawned processes
+            os.environ[SHARED_METRICS_ENV] = "1"  # ... which sum their metrics there (serving.stats)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stopping.set())
             procs = [self._start() for _ in range(self.count)]

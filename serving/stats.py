@@ -48,9 +48,16 @@ DEGRADED = Gauge(
 DEGRADED_ALPHA = 1e-3  # ~1,000-answer memory: one bad second at 100 req/s shows, a single outlier does not
 
 
+# Set by ``serving.server_processes``' supervisor next to ``$PROMETHEUS_MULTIPROC_DIR``: that variable alone does not
+# mean this server shares its metrics. Feast sets it to a temporary folder when it is imported (``feast.metrics``),
+# and every process started from one that imported Feast inherits that folder: two servers started by one parent (a
+# test session, a DAG task) summed each other's counts.
+SHARED_METRICS_ENV = "GEMFLOW_SERVER_PROCESSES_METRICS"
+
+
 def multiprocess() -> bool:
     """Whether this process is one of several server processes sharing their metrics."""
-    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    return bool(os.environ.get(SHARED_METRICS_ENV)) and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
 def registry() -> CollectorRegistry:

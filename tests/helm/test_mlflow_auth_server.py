@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.helm.render import HelmMissing, copy_without_airflow, render
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +35,6 @@ SECRETS = {  # (Secret, key) -> value: what `kubectl create secret` would hold (
 PASSED_THROUGH = (
     "MLFLOW_",
 )  # server variables taken from the chart as they are; Postgres/S3 ones are not used
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _resolve(env: list[dict]) -> dict[str, str]:

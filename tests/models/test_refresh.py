@@ -252,7 +252,7 @@ def mlflow_server(tmp_path):
     import mlflow
 
     from models.registry.server import start_server
-    from tests.models.registry.test_gate import free_port
+    from tests.ports import free_port
 
     port = free_port()
     proc = start_server(tmp_path / "mlflow", port=port)

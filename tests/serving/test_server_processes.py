@@ -14,6 +14,7 @@ import urllib.request
 import psutil
 import pytest
 
+from serving import stats
 from serving.client import get, post, v1_body
 from serving.config import ScoringConfig, ServingConfig
 from tests.serving.conftest import SERVER_SETTINGS
@@ -134,3 +135,13 @@ def test_a_process_that_cannot_load_its_model_stops_the_server_with_its_error(wo
 def test_server_processes_config_is_checked(settings, message):
     with pytest.raises(ValueError, match=message):
         ServingConfig(**settings)
+
+
+def test_only_the_supervisors_processes_sum_their_metrics(monkeypatch, tmp_path):
+    """Feast sets ``$PROMETHEUS_MULTIPROC_DIR`` when imported, and processes started from one that imported it
+    inherit the folder: that alone must not make a single server sum other servers' counts."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.delenv(stats.SHARED_METRICS_ENV, raising=False)
+    assert not stats.multiprocess()
+    monkeypatch.setenv(stats.SHARED_METRICS_ENV, "1")  # what the supervisor sets for its server processes
+    assert stats.multiprocess()

@@ -36,6 +36,7 @@ from features.feature_repo.tables import (
 )
 from features.schema import ACTIONS, GENDERS, SURFACES
 from gemflow.workspace import Workspace
+from tests.ports import free_port  # noqa: F401 (the serving tests import it from here)
 
 DAY = dt.date(2026, 3, 2)
 DAY_END = dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
@@ -252,14 +253,6 @@ def write_offline_set(world: World, out: Path, user: int, candidates: np.ndarray
     ranker.to_parquet(out / "ranker.parquet", index=False)
     (out / "manifest.json").write_text(json.dumps({"vocab_sizes": {}}))
     return out
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 MODEL = "gem-ranker"

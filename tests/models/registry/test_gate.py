@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -28,15 +27,10 @@ from models.registry.scoring import batch_builder
 from models.registry.server import start_server
 from models.train import train
 from tests.models.fixtures import write_training_set
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 NAME = "gem-user-model"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

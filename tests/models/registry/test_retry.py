@@ -33,8 +33,8 @@ from models.registry.server import start_server
 from models.tracking import recorded_run_id
 from models.train import train
 from tests.models.fixtures import write_training_set
-from tests.models.registry.test_gate import free_port
 from tests.models.registry.test_lineage import LOOSE, NAME, SMALL
+from tests.ports import free_port
 
 
 # ------------------------------------------------------------------------------------- unit: reuse and re-gate
