@@ -182,7 +182,8 @@ class Gateway:
             p = self.predictor
             # the protocol's statistics extension shape, then ours
             protocol = p.stats.model_stats(p.name, p.served.version)
-            ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot(), "pid": os.getpid()}
+            ours = {"stats": p.stats.snapshot(), "pauses": p.pauses.snapshot(), "pid": os.getpid(),
+                    "inline_answers": p.inline_answers()}  # fmt: skip
             return await reply.json(200, {**protocol, **detail, **ours})
         if not self.predictor.ready:  # unloaded through the (token-guarded) repository extension
             return await reply.json(503, {"error": f"model {self.predictor.name!r} is not loaded"})

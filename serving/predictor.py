@@ -92,7 +92,7 @@ class RankerPredictor(Model):
             self._processes = ScoringProcesses(setup, sc.processes)
             log.info("scoring in %d worker processes", sc.processes)
         else:
-            self._threads = ScoringThreads(sc.workers, sc.torch_threads, self.rank)
+            self._threads = ScoringThreads(sc.workers, sc.torch_threads, self.rank, sc.inline)
         if self.store is None:
             from features.store import open_store
 
@@ -151,8 +151,8 @@ class RankerPredictor(Model):
 
     def _warm_up(self) -> None:
         """Read the store a few times (first reads are slow; they also seed the adaptive read budget) and score
-        throwaway full-size requests on every thread that scores (``RequestScorer.warm_up``: the reading threads
-        and the scoring pool; worker processes warm up on their own)."""
+        throwaway full-size requests on every thread that scores (``RequestScorer.warm_up``: the reading threads,
+        the scoring pool and, with ``scoring.inline``, this one; worker processes warm up on their own)."""
         self.reader.warm_up(0, WARM_UP_READS)
         if self._processes is not None:
             self._processes.prime(self.ad_arrays())
@@ -161,6 +161,8 @@ class RankerPredictor(Model):
         warm = functools.partial(self.scorer.warm_up, self.ad_arrays(), size, 2)
         self.reader.on_every_thread(warm)
         self._threads.on_every_thread(warm)
+        if self.cfg.scoring.inline:  # the event loop's thread (this one) scores too
+            warm()
 
     def ad_arrays(self) -> build.AdArrays:
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
@@ -228,6 +230,10 @@ class RankerPredictor(Model):
         job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline)
         job.check()
         return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
+
+    def inline_answers(self) -> int:
+        """Requests read and scored on the event loop (``scoring.inline``) since the start."""
+        return 0 if self._threads is None else self._threads.inlined
 
     def count(self, result: dict) -> None:
         """Count an answer that was sent (called by the gateway after a 200)."""

@@ -11,6 +11,12 @@ event loop. Each crossing wakes a thread and passes the GIL. Here the reading th
 - The read budget is a timer on the event loop: when it passes first, the request is scored from the pool without
   the user side (degraded, as before) and the late read's result is dropped by its thread.
 - Deadlines as everywhere (``Job.check``): a request whose client was answered 503 stops at its next checkpoint.
+- ``scoring.inline`` (on by default): a request that finds the server idle is read and scored on the event loop
+  itself, with no thread woken: at 100 req/s the two wakes cost 0.25-0.45 ms of CPU per request
+  (docs/serving-speed.md, round 12). Only where that cannot stall the loop or hide a backlog: no other request in
+  flight, none answered inline in the last ``INLINE_IDLE_S`` (a request that waited behind one goes to the
+  threads, so a busy server reads, admits and sheds as without it), and a read that cannot wait
+  (``UserFeatureReader.read_now``: a local SQLite store whose lock is free, a locked file answering "busy" at once).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from serving.hot_threads import HotThreadPool
 from serving.request_scorer import Job
 from serving.user_features import UserFeatureReader
 
+# a request that starts sooner than this after an inline one ended waited behind it: it goes to a thread
+INLINE_IDLE_S = 0.002
+
 
 def _settle(answered: asyncio.Future, result, error: BaseException | None) -> None:
     """On the event loop: deliver an outcome unless the waiting request has gone (cancelled at its deadline)."""
@@ -39,9 +48,13 @@ def _settle(answered: asyncio.Future, result, error: BaseException | None) -> No
 
 
 class ScoringThreads:
-    def __init__(self, workers: int, torch_threads: int, rank: Callable[[Job], dict]):
+    def __init__(self, workers: int, torch_threads: int, rank: Callable[[Job], dict], inline: bool = False):
         self.workers = workers
         self._rank = rank
+        self.inline = inline
+        self.inlined = 0  # requests read and scored on the event loop
+        self._active = 0  # requests inside ``answer`` (the event loop's own count: no lock)
+        self._inline_ended = float("-inf")
         self._slots = threading.BoundedSemaphore(workers)
         self._pool = HotThreadPool(
             workers, "score", initializer=runtime.worker_init, initargs=(torch_threads,)
@@ -54,6 +67,26 @@ class ScoringThreads:
     async def answer(self, reader: UserFeatureReader, job: Job) -> dict:
         """Read ``job``'s user side and score it (``job.feats``, ``job.store_problem`` and ``job.fetch_ms`` are
         filled in on the way); raises what ``rank`` raises (``Cancelled`` past the deadline)."""
+        self._active += 1
+        try:
+            if self.inline and self._active == 1 and time.monotonic() - self._inline_ended > INLINE_IDLE_S:
+                outcome = reader.read_now(job.req.user_id)
+                if outcome is not None:
+                    return self._answer_inline(job, outcome)
+            return await self._answer_on_threads(reader, job)
+        finally:
+            self._active -= 1
+
+    def _answer_inline(self, job: Job, outcome: tuple) -> dict:
+        job.feats, job.store_problem = outcome
+        job.fetch_ms = 1e3 * (time.perf_counter() - job.started)
+        try:
+            return self._rank(job)
+        finally:
+            self.inlined += 1
+            self._inline_ended = time.monotonic()
+
+    async def _answer_on_threads(self, reader: UserFeatureReader, job: Job) -> dict:
         loop = asyncio.get_running_loop()
         answered = loop.create_future()
         deliver = functools.partial(self._score, job, answered, loop)

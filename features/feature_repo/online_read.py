@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sqlite3
 from collections.abc import Callable, Sequence
 
 from feast import FeatureStore
@@ -115,6 +116,16 @@ def online_reader(store: FeatureStore, service_name: str, join_key: str) -> Read
         return values, dt.datetime.fromtimestamp(seconds, dt.UTC) if seconds else None
 
     return through_feast
+
+
+def sqlite_connection(store: FeatureStore) -> sqlite3.Connection | None:
+    """The one connection Feast's SQLite online store reads through (a Feast internal, as ``ServiceReader``'s
+    online store), or None for another online store."""
+    if getattr(store.config.online_store, "type", "") != "sqlite":
+        return None
+    online = store._get_provider().online_store
+    get = getattr(online, "_get_conn", None)
+    return None if get is None else get(store.config)
 
 
 def _utc(ts: dt.datetime) -> dt.datetime:
