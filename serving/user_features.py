@@ -210,22 +210,17 @@ class UserFeatureReader:
         with self.guard:
             return self._read_unguarded(user_id)
 
-    def _read_unguarded(self, user_id: int, busy_timeout_ms: int | None = None) -> UserFeatures:
-        """The read (its guard held by the caller); ``busy_timeout_ms``: SQLite's busy timeout for this read only
-        (``read_now``), raising ``StoreBusy`` when the file is locked."""
+    def _read_unguarded(self, user_id: int, no_wait: bool = False) -> UserFeatures:
+        """The read (its guard held by the caller); ``no_wait`` (``read_now``): SQLite's busy timeout at 0 for this
+        read, ``StoreBusy`` when the file is locked."""
         if self._read_rows is None:  # the service's own reads, 0.27 instead of 0.61 ms of CPU (Feast's SDK)
             self._read_rows = online_reader(self.store, self.feature_service, "user_id")
         try:
-            if busy_timeout_ms is None:
+            with _busy_timeout(self._sqlite, 0) if no_wait else contextlib.nullcontext():
                 row, _ = self._read_rows([user_id])
-            else:
-                with _busy_timeout(self._sqlite, busy_timeout_ms):
-                    row, _ = self._read_rows([user_id])
-        except sqlite3.OperationalError as err:
-            if busy_timeout_ms is not None and getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
-                raise StoreBusy from None
-            problem = f"{type(err).__name__}: {err}"
         except Exception as err:  # noqa: BLE001 (reported as a degraded answer by ``read``)
+            if no_wait and getattr(err, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
+                raise StoreBusy from None
             problem = f"{type(err).__name__}: {err}"
         else:
             return parse_online_row(row)
@@ -247,7 +242,7 @@ class UserFeatureReader:
                 self._sqlite = sqlite_connection(self.store) or False
             if self._sqlite is False:
                 return None
-            return self._read_unguarded(user_id, busy_timeout_ms=0), None
+            return self._read_unguarded(user_id, no_wait=True), None
         except StoreBusy:
             return None
         except StoreReadError as err:
