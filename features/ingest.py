@@ -34,13 +34,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from features.feature_repo import RECENT_EVENTS_PUSH, FeatureStoreConfig
+from features import recent_events
+from features.feature_repo import FeatureStoreConfig
 from features.feature_repo.offline import (
     day_end,
     day_start,
@@ -50,7 +50,7 @@ from features.feature_repo.offline import (
     read_partition,
     write_partition,
 )
-from features.feature_repo.tables import STATS_WINDOWS
+from features.feature_repo.tables import EVENT_TS, STATS_WINDOWS
 from features.schema import RECENT_EVENTS, SCHEMAS
 from features.stats import (
     ad_attributes_table,
@@ -253,8 +253,6 @@ def publish_online(
 ) -> dict:
     """feast apply; materialize the batch views from ``day``'s start to the newest ingested day's end; push the
     recent events of the refreshed days online (oldest first, so the newest rows win)."""
-    from feast.data_source import PushMode
-
     from features.feature_repo import online as online_writes
     from features.store import open_store
 
@@ -284,23 +282,25 @@ def publish_online(
         return online
     tables = [table for table in recent.values() if table.num_rows]
     with _step("push recent events", timings):
-        if fast and tables:
-            # One write of each user's newest row: the state the pushes below leave, oldest first.
-            online_writes.push(store, RECENT_EVENTS_PUSH, newest_row_per_key(tables, "user_id"))
-        elif tables:
-            for table in tables:
-                store.push(RECENT_EVENTS_PUSH, table.to_pandas(), to=PushMode.ONLINE)
+        if tables:
+            # Merged into what is online (``features.recent_events``): a live event newer than the day's end
+            # stays, a re-run changes nothing.
+            events, as_of = recent_push_events(tables)
+            recent_events.merge_online(store, events, cfg.recent_events, as_of, fast=fast)
         online["pushed_rows"] = sum(table.num_rows for table in tables)
     return online
 
 
-def newest_row_per_key(tables: list[pa.Table], key: str) -> pa.Table:
-    """Concatenate ``tables`` (oldest first) and keep the last row of every ``key``."""
+def recent_push_events(tables: list[pa.Table]) -> tuple[pd.DataFrame, dict[int, int]]:
+    """The events of the recent-events tables of the refreshed days (long form), and each user's newest row time
+    (µs) among them: the time the merged row is as of."""
     combined = pa.concat_tables(tables)
-    keys = combined.column(key).to_numpy()
-    order = np.argsort(keys, kind="stable")
-    last = np.append(keys[order][1:] != keys[order][:-1], True)
-    return combined.take(pa.array(order[last]))
+    stamps = combined.column(EVENT_TS).cast(pa.int64()).to_numpy()
+    users = combined.column("user_id").to_numpy()
+    as_of: dict[int, int] = {}
+    for user, stamp in zip(users.tolist(), stamps.tolist(), strict=True):
+        as_of[user] = max(stamp, as_of.get(user, stamp))
+    return recent_events.from_view_rows(combined), as_of
 
 
 def ingest(ws: Workspace, day: dt.date, cfg: IngestConfig | None = None) -> dict:

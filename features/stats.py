@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from features import recent_events
 from features.feature_repo.offline import day_end, day_start, read_days
 from features.feature_repo.tables import (
     AD_ATTRIBUTES,
@@ -21,7 +22,6 @@ from features.feature_repo.tables import (
     EVENT_TS,
     STATS_WINDOWS,
     USER_PROFILE,
-    USER_RECENT_EVENTS,
     stats_column,
 )
 from features.schema import ACTION_ID, ACTIONS, GENDERS, RECENT_EVENTS, SURFACES
@@ -114,40 +114,13 @@ def ad_stats_table(events: pd.DataFrame, ad_ids: np.ndarray, day: dt.date) -> pa
 def recent_events_table(events: pd.DataFrame, day: dt.date, n: int = RECENT_EVENTS) -> pa.Table:
     """The last ``n`` events (oldest first) of every user active on ``day``, as of the day's end.
 
-    ``events``: ``read_events`` of a look-back window ending at ``day`` (sorted by (ts, event_id)).
-    """
+    ``events``: ``read_events`` of a look-back window ending at ``day``. The list is ``features.recent_events``'s
+    merge of the window's events: the same code the online writers merge with."""
     active = events["day"] == day.toordinal()
     users_today = np.unique(events.loc[active, "user_id"].to_numpy(np.int64))
     mine = events[events["user_id"].isin(users_today)]
-    user = mine["user_id"].to_numpy(np.int64)
-    order = np.argsort(user, kind="stable")  # stable: keeps each user's events in time order
-    user = user[order]
-    users, starts, counts = np.unique(user, return_index=True, return_counts=True)
-    seg_end = np.repeat(starts + counts, counts)
-    keep = order[(seg_end - np.arange(len(user))) <= n]  # the last n of each user's segment
-    kept = mine.iloc[keep]
-    offsets = pa.array(np.concatenate([[0], np.cumsum(np.minimum(counts, n))]), pa.int32())
-    asof_us = int(micros(pd.Series([day_end(day)]))[0])
-    ts_us = kept["ts_us"].to_numpy(np.int64)
-
-    def lists(values: np.ndarray, kind: pa.DataType) -> pa.ListArray:
-        return pa.ListArray.from_arrays(offsets, pa.array(values, kind))
-
-    table = pa.table(
-        {
-            "user_id": pa.array(users, pa.int64()),
-            "recent_ad_ids": lists(kept["ad_id"].to_numpy(np.int64), pa.int64()),
-            "recent_actions": lists(kept["action"].to_numpy(np.int64), pa.int64()),
-            "recent_category_ids": lists(kept["category_id"].to_numpy(np.int64), pa.int64()),
-            "recent_ts": lists(ts_us // 1_000_000, pa.int64()),
-            "recent_time_gaps": lists(((asof_us - ts_us) / 1e6).astype(np.float32), pa.float32()),
-            "recent_surfaces": lists(kept["surface"].to_numpy(np.int64), pa.int64()),
-            "recent_advertiser_ids": lists(kept["advertiser_id"].to_numpy(np.int64), pa.int64()),
-            EVENT_TS: pa.array(np.full(len(users), asof_us), pa.timestamp("us", tz="UTC")),
-            CREATED_TS: pa.array(np.full(len(users), asof_us), pa.timestamp("us", tz="UTC")),
-        }
-    )
-    return table.cast(USER_RECENT_EVENTS)
+    merged = recent_events.merge(recent_events.empty_events(), mine, n)
+    return recent_events.view_rows(merged, int(micros(pd.Series([day_end(day)]))[0]))
 
 
 def read_events(ws: Workspace, days: list[dt.date]) -> pd.DataFrame:

@@ -116,6 +116,9 @@ def build_definitions(ws: Workspace, cfg: FeatureStoreConfig | None = None) -> D
             Field(name="recent_time_gaps", dtype=Array(Float32)),
             Field(name="recent_surfaces", dtype=Array(Int64)),
             Field(name="recent_advertiser_ids", dtype=Array(Int64)),
+            # identity of each event: live and daily writers merge lists exactly (features.recent_events)
+            Field(name="recent_event_ids", dtype=Array(Int64)),
+            Field(name="recent_ts_us", dtype=Array(Int64)),
         ],
         online=True,
         source=push_sources[RECENT_EVENTS_PUSH],

@@ -10,7 +10,8 @@ Every table carries ``event_timestamp`` (when the row became true: the "as of" t
     user_recent_events  user_id, the last RECENT_EVENTS events in time order (oldest first):
                         recent_ad_ids, recent_actions, recent_category_ids, recent_ts (int64 seconds),
                         recent_time_gaps (float32 seconds from each event to the row's event_timestamp),
-                        recent_surfaces (SURFACES ids), recent_advertiser_ids
+                        recent_surfaces (SURFACES ids), recent_advertiser_ids, and each event's identity
+                        for exact merges (``features.recent_events``): recent_event_ids, recent_ts_us
     user_embedding      user_id, user_embedding (list<float32>), model_version; written by the embedding refresh
                         stage at ``ws.offline("user_embedding", D)/<anything>.parquet``
 """
@@ -78,6 +79,8 @@ USER_RECENT_EVENTS = pa.schema(
         pa.field("recent_time_gaps", pa.list_(pa.float32()), nullable=False),
         pa.field("recent_surfaces", pa.list_(pa.int64()), nullable=False),
         pa.field("recent_advertiser_ids", pa.list_(pa.int64()), nullable=False),
+        pa.field("recent_event_ids", pa.list_(pa.int64()), nullable=False),
+        pa.field("recent_ts_us", pa.list_(pa.int64()), nullable=False),
         *_stamps(),
     ]
 )

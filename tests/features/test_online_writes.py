@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import sqlite3
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -13,8 +12,8 @@ from feast.data_source import PushMode
 
 from features.feature_repo import USER_EMBEDDING_PUSH, FeatureStoreConfig
 from features.feature_repo import online as online_writes
-from features.feature_repo.tables import CREATED_TS, EVENT_TS, FEATURE_TABLES
-from features.ingest import IngestConfig, newest_row_per_key
+from features.feature_repo.tables import CREATED_TS, EVENT_TS
+from features.ingest import IngestConfig
 from features.store import open_store
 from gemflow.workspace import Workspace
 from tests.features.helpers import (
@@ -167,24 +166,3 @@ def test_push_refuses_rows_without_the_views_columns(workspace):
         online_writes.push(store, "user_recent_events_push", table)
     with pytest.raises(ValueError, match="no feature view reads push source 'nope'"):
         online_writes.push(store, "nope", table)
-
-
-def test_newest_row_per_key_keeps_the_last_table_s_row():
-    schema = FEATURE_TABLES["user_profile"]
-    stamp = pa.array([0, 0], pa.timestamp("us", tz="UTC"))
-
-    def day(ids, age):
-        return pa.table(
-            [pa.array(ids), pa.array([age] * 2), pa.array([0] * 2), pa.array([1] * 2), stamp, stamp],
-            schema=schema,
-        )
-
-    merged = newest_row_per_key([day([1, 2], 30), day([2, 3], 31)], "user_id")
-    assert dict(
-        zip(merged.column("user_id").to_pylist(), merged.column("user_age").to_pylist(), strict=True)
-    ) == {
-        1: 30,
-        2: 31,
-        3: 31,
-    }
-    assert np.all(np.diff(merged.column("user_id").to_numpy()) > 0)

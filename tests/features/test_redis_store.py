@@ -101,6 +101,8 @@ def test_apply_materialize_push_and_online_reads_on_redis(workspace, redis_url):
             "recent_time_gaps": [[0.0] * len(ads_seen)],
             "recent_surfaces": [[2] * len(ads_seen)],
             "recent_advertiser_ids": [[100] * len(ads_seen)],
+            "recent_event_ids": [list(range(900_000, 900_000 + len(ads_seen)))],
+            "recent_ts_us": [[int(now.timestamp()) * 1_000_000] * len(ads_seen)],
             "event_timestamp": [now],
             "created_timestamp": [now],
         }

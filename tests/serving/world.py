@@ -141,6 +141,8 @@ def build_world(
                 "recent_time_gaps": (DAY_END.timestamp() - ev["ts"]).astype(np.float32).tolist(),
                 "recent_surfaces": ev["surface"].tolist(),
                 "recent_advertiser_ids": ev["advertiser_id"].tolist(),
+                "recent_event_ids": (user * 1_000 + np.arange(n)).tolist(),
+                "recent_ts_us": (ev["ts"] * 1_000_000).tolist(),
             }
         )
     _write(ws, "user_recent_events", _stamp(pd.DataFrame(rows)))
