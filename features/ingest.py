@@ -1,7 +1,7 @@
 """Daily ingestion (``gemflow ingest --date D``): raw partition D -> validation gate -> offline store -> Feast.
 
 Steps, each logged with its duration:
-1. read ``ws.raw(users|ads|events, D)``;
+1. read ``ws.raw(users|ads|events, D)`` (events: plus the live event path's export, ``ws.raw("live_events", D)``);
 2. validate users, ads, then events (against the accepted ads snapshot, volume vs the previous accepted events
    partition) with ``features.validation``; a failing gate writes the quarantine (and nothing else) and re-raises;
 3. write accepted rows to ``ws.offline(table, D)`` (deterministic order, fixed writer settings, overwrite) and
@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,6 +65,7 @@ from gemflow.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
+LIVE_EVENTS = "live_events"  # the live event path's export (serving.events.export.LIVE_TABLE)
 TABLES = ("users", "ads", "events")  # validation order: events are checked against the accepted ads
 BATCH_VIEWS = ["user_profile", "ad_attributes", "ad_stats"]  # materialized; recent events are pushed
 SORT_KEYS = {"users": ["user_id"], "ads": ["ad_id"], "events": ["ts", "event_id"]}
@@ -111,16 +113,43 @@ def _step(name: str, timings: dict[str, float]):
 
 
 def read_raw(ws: Workspace, table: str, day: dt.date) -> pd.DataFrame:
-    folder = ws.raw(table, day)
-    files = partition_files(folder)
-    if not files:
+    """The raw partition of ``table`` on ``day``. Events are the batch landing plus the live event path's export
+    (``ws.raw(LIVE_EVENTS, day)``, ``serving.events.export``): an event both delivered, identical, counts once;
+    anything else (a replay inside one source, one id with two contents) is left to the gate."""
+    folders = [ws.raw(table, day)] + ([ws.raw(LIVE_EVENTS, day)] if table == "events" else [])
+    frames = [_read_files(partition_files(folder)) for folder in folders]
+    present = [f for f in frames if f is not None]
+    if not present:
         raise IngestError(
-            f"no raw {table} partition for {day} at {folder} (land it with `gemflow generate` or an "
+            f"no raw {table} partition for {day} at {folders[0]} (land it with `gemflow generate` or an "
             f"importer first)"
         )
+    if len(present) == 1:
+        return present[0]
+    batch, live = present
+    return pd.concat([batch, live[~delivered_twice(batch, live)]], ignore_index=True)
+
+
+def _read_files(files: list) -> pd.DataFrame | None:
+    if not files:
+        return None
     # One file at a time: a corrupted file may carry its own inferred schema (e.g. strings in an int column).
     frames = [pq.read_table(f).to_pandas() for f in files]
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def delivered_twice(batch: pd.DataFrame, live: pd.DataFrame) -> np.ndarray:
+    """Per live row: whether the batch landing holds the same event (same event id, every field equal)."""
+    ids = pd.to_numeric(batch["event_id"], errors="coerce")
+    candidates = batch[ids.isin(live["event_id"])]
+    if candidates.empty:
+        return np.zeros(len(live), bool)
+    columns = list(SCHEMAS["events"].names)
+
+    def keys(frame: pd.DataFrame) -> pd.Series:
+        return frame[columns].astype(str).agg("\x1f".join, axis=1)
+
+    return keys(live).isin(set(keys(candidates))).to_numpy()
 
 
 def _gate_config(cfg: IngestConfig):
@@ -369,7 +398,8 @@ def raw_days(ws: Workspace, start: dt.date, end: dt.date) -> list[dt.date]:
     events; such days are not errors)."""
     if end < start:
         raise ValueError(f"the range ends ({end}) before it starts ({start})")
-    days = [d for d in partition_days(ws, "raw", "events") if start <= d <= end]
+    landed = set(partition_days(ws, "raw", "events")) | set(partition_days(ws, "raw", LIVE_EVENTS))
+    days = sorted(d for d in landed if start <= d <= end)
     if not days:
         raise IngestError(f"no raw events partition between {start} and {end} under {ws.raw('events')}")
     return days

@@ -1,0 +1,35 @@
+"""The event collector's config (``gemflow events serve``). Secrets are not config: the bearer token comes from
+``GEMFLOW_EVENTS_TOKEN`` (``serving.events.app``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from features.feature_repo import FeatureStoreConfig
+from features.schema import RECENT_EVENTS
+from serving.config import ConnectionConfig
+
+
+@dataclass
+class EventLimits:
+    max_body_bytes: int = 1_000_000  # a 1,000-event batch is ~180 kB of JSON
+    max_batch_events: int = 1000  # events per request
+    max_pending_users: int = 100_000  # users durable but not yet visible online; beyond -> 503 (store down)
+    clock_skew_s: float = 300.0  # an event's ts may lead the server clock by this (the gate's clock_skew)
+    max_age_days: float = 28.0  # older events are refused: the daily ingest of their day is long done
+
+
+@dataclass
+class EventsConfig:
+    host: str = "127.0.0.1"  # 0.0.0.0 only inside a pod
+    port: int = 8090
+    log_path: str = ""  # the durable event log (SQLite); "" = <workspace>/events/events.db
+    recent_events: int = RECENT_EVENTS  # length of the online lists (the daily ingest's ``recent_events``)
+    group_window_ms: float = 2.0  # the writer gathers requests this long before one commit + one online write
+    max_group_events: int = 5000  # ... or until this many events
+    retry_online_s: float = 0.5  # how often users whose online write failed are retried
+    export_every_s: float = 5.0  # how often the log is exported into the raw event log (0: never)
+    ads_reload_s: float = 5.0  # at most this often, an unknown ad reloads the ads snapshot
+    feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
+    limits: EventLimits = field(default_factory=EventLimits)
+    connection: ConnectionConfig = field(default_factory=ConnectionConfig)
