@@ -7,7 +7,10 @@
   Airflow starts its helpers by the bare name ``airflow``): the API server with the UI, the scheduler
   (``LocalExecutor``), the DAG processor and the triggerer, all on ``<ws>/airflow`` (SQLite metadata DB);
 - the ranker endpoint (``gemflow deploy --mode local``) when the registry already holds a ranker ``@champion``;
-  otherwise the deploy DAG starts it once the pipeline has promoted one.
+  otherwise the deploy DAG starts it once the pipeline has promoted one;
+- the live event collector (``gemflow events serve`` on ``events_port``, ``serving.events``) unless
+  ``start_events`` is off: the ad server's impressions, clicks and conversions reach the ranker's online lists
+  within a second and the raw log exactly once.
 
 Every service binds ``127.0.0.1`` (``host``); each port is checked free before anything starts. Airflow's log
 servers (8793/8794 by default) are not started at all (``--skip-serve-logs``): they bind every interface and only
@@ -57,6 +60,8 @@ class PlatformConfig:
     airflow_port: int = 8280  # Airflow API server + UI (8080 is the ranker endpoint's)
     mlflow_port: int = 5000
     endpoint_port: int = 8080  # the ranker's KServe endpoint (the deploy DAG's default port)
+    events_port: int = 8090  # the live event collector (``gemflow events serve``: POST /v1/events)
+    start_events: bool = True  # start the collector beside the ranker endpoint
     airflow_venv: str = ""  # "" = <repo>/.venv-airflow
     parallelism: int = 2  # LocalExecutor task slots (each stage is itself multi-process on 2 cores)
     api_workers: int = 1
@@ -244,6 +249,10 @@ class Platform:
     def endpoint_url(self) -> str:
         return f"http://{self.cfg.host}:{self.cfg.endpoint_port}"
 
+    @property
+    def events_url(self) -> str:
+        return f"http://{self.cfg.host}:{self.cfg.events_port}"
+
     def api(self) -> AirflowApi:
         state = self.read_state()
         if state is None:
@@ -313,6 +322,7 @@ class Platform:
             "GEMFLOW_BIN": str(self.project_bin / "gemflow"),
             "GEMFLOW_MODE": "local",
             "GEMFLOW_ENDPOINT_PORT": str(c.endpoint_port),
+            "GEMFLOW_EVENTS_URL": self.events_url,  # where `gemflow land-synthetic --live` posts
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "DO_NOT_TRACK": "true",
             "GX_ANALYTICS_ENABLED": "false",
@@ -403,6 +413,7 @@ class Platform:
             "airflow_port": c.airflow_port,
             "mlflow_port": c.mlflow_port,
             "endpoint_port": c.endpoint_port,
+            **({"events_port": c.events_port} if c.start_events else {}),
         }
         seen: dict[int, str] = {}
         for key, port in ports.items():
@@ -413,7 +424,7 @@ class Platform:
         if taken:
             raise PlatformError(
                 f"port(s) already in use on {c.host}: {', '.join(taken)}; stop what holds them or choose others "
-                f"(gemflow up --set airflow_port=… / mlflow_port=… / endpoint_port=…)"
+                f"(gemflow up --set airflow_port=… / mlflow_port=… / endpoint_port=… / events_port=…)"
             )
 
     def up(self, echo=print) -> dict:
@@ -494,8 +505,28 @@ class Platform:
         echo(f"mlflow          ready: {self.mlflow_url}")
         self._wait(api, lambda: self._airflow_healthy(), "healthy (scheduler, DAG processor, triggerer)")
         echo(f"airflow         ready: {self.airflow_url}")
+        if c.start_events:
+            self._start_events(env, record, echo)
         if c.deploy_endpoint:
             self._deploy_endpoint(env, record, echo)
+
+    def _start_events(self, env: dict[str, str], record, echo) -> None:
+        """The live event path (``serving.events``) on the workspace's online store and raw log."""
+        c = self.cfg
+        cmd = [
+            str(self.project_bin / "gemflow"),
+            "events",
+            "serve",
+            "--host",
+            c.host,
+            "--port",
+            str(c.events_port),
+        ]
+        svc = record(self._spawn("events", cmd, env, self.events_url))
+        self._wait(
+            svc, lambda: _http_ok(f"{self.events_url}/health/live") is not None, "answering /health/live"
+        )
+        echo(f"events          ready: {self.events_url} (POST /v1/events)")
 
     def mlflow_command(self, server_command) -> list[str]:
         """The MLflow server on the workspace's backend, its artifacts a local folder (not ``mlflow-artifacts:/``).

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
             f"  Airflow UI      {p.airflow_url}   login {login}\n"
             f"  MLflow UI       {p.mlflow_url}\n"
             f"  ranker endpoint {p.endpoint_url}   (/docs; live once a ranker champion is deployed)\n"
+            f"  event collector {p.events_url}   (POST /v1/events; gemflow land-synthetic --live streams a day)\n"
             f"  logs            {p.logs}/   task logs {p.airflow_home / 'logs'}/\n"
             f"  stop with       gemflow down{'' if ws is None else f' -w {p.ws.root}'}   (or make down)"
         )

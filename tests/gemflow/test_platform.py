@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,34 @@ def test_restart_replaces_a_killed_service_and_its_leftover_group(tmp_path):
     finally:
         p.down(echo=lambda *_: None)
     assert not _alive(new.pid)
+
+
+def test_events_port_is_checked_with_the_others(tmp_path):
+    p = Platform(Workspace(tmp_path / "ws"), PlatformConfig(endpoint_port=18998, events_port=18998))
+    with pytest.raises(PlatformError, match="both 18998"):
+        p.check_ports()
+    assert p.env("m")["GEMFLOW_EVENTS_URL"] == "http://127.0.0.1:18998"
+
+
+@pytest.mark.integration
+def test_the_event_collector_starts_as_a_platform_service_and_down_stops_it(tmp_path):
+    import httpx
+
+    from tests.ports import free_port
+
+    p = Platform(Workspace(tmp_path / "ws"), PlatformConfig(events_port=free_port(), start_timeout=180))
+    state = {"marker": "test-" + os.urandom(4).hex(), "services": []}
+    p._write_state(state)
+
+    def record(svc: Service) -> Service:
+        state["services"].append(asdict(svc))
+        p._write_state(state)
+        return svc
+
+    lines: list[str] = []
+    p._start_events(p.env(state["marker"]), record, lines.append)
+    assert httpx.get(f"{p.events_url}/health/live", timeout=5).status_code == 200
+    assert any("POST /v1/events" in line for line in lines)
+    p.down(echo=lines.append)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{p.events_url}/health/live", timeout=2)
