@@ -170,7 +170,8 @@ def test_every_component_is_rendered(rendered):
     } <= trial
     prod = {d["kind"] for d in rendered["values-production.yaml"]}
     assert {"HorizontalPodAutoscaler", "Job"} <= prod
-    assert "StatefulSet" not in prod, "production points at existing Postgres/Redis"
+    stateful = {_component(d) for d in rendered["values-production.yaml"] if d["kind"] == "StatefulSet"}
+    assert not stateful & {"postgres", "redis"}, "production points at existing Postgres/Redis"
 
 
 @pytest.mark.parametrize(
@@ -581,6 +582,61 @@ def test_ranker_arguments_parse_with_gemflow_serve(rendered):
         assert cfg.tracking_uri == "http://gemflow-mlflow:5000"
         assert cfg.feature_store.online_store == "redis"
         assert cfg.feature_store.redis_connection.endswith(":6379,password=r3d1s")
+
+
+def _component(doc: dict) -> str:
+    return doc["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def test_event_path_runs_with_autoscaling_probes_a_durable_log_and_its_token_from_a_secret(rendered):
+    """The event collector: a StatefulSet (its log on a volume per replica, outliving the pod) behind an HPA, its
+    args parsed by the real `gemflow events serve`, probes on the collector's own health routes, the token from a
+    Secret where one is named, and a NetworkPolicy that admits only the ad servers' namespaces and stage pods."""
+    import typer
+
+    from gemflow.cli import app
+    from gemflow.commands.common import config
+    from serving.events.config import EventsConfig
+
+    group = typer.main.get_command(app)
+    for values_file, docs in rendered.items():
+        events = {d["kind"]: d for d in docs if d["metadata"]["name"] == "gemflow-events"}
+        assert {"StatefulSet", "HorizontalPodAutoscaler", "Service", "NetworkPolicy"} <= set(events), values_file
+        sts, hpa = events["StatefulSet"], events["HorizontalPodAutoscaler"]
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "gemflow-events"}
+        assert hpa["spec"]["minReplicas"] >= 2 and "replicas" not in sts["spec"]
+        (claim,) = sts["spec"]["volumeClaimTemplates"]
+        spec = sts["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/gemflow-events"} in container["volumeMounts"]
+        args = container["args"]
+        assert args[:2] == ["events", "serve"] and container["command"] == ["gemflow"]
+        with group.make_context("gemflow", list(args)) as group_ctx:
+            sub = group.get_command(group_ctx, "events")
+            with sub.make_context("events", args[1:], parent=group_ctx) as events_ctx:
+                serve = sub.get_command(events_ctx, "serve")
+                params = serve.make_context("serve", args[2:], parent=events_ctx).params
+        cfg = config(EventsConfig, params["cfg_path"], params["overrides"], host=params["host"], port=params["port"])
+        assert cfg.host == "0.0.0.0" and cfg.port == 8090 and cfg.log_path == "/var/lib/gemflow-events/events.db"
+        assert cfg.recent_events == 64 and cfg.limits.max_batch_events == 1000
+        assert container["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
+        env = {e["name"]: e for e in container["env"]}
+        token = env.get("GEMFLOW_EVENTS_TOKEN")
+        if values_file == "values-production.yaml":
+            assert token["valueFrom"]["secretKeyRef"] == {"name": "gemflow-events-token", "key": "token"}
+        else:
+            assert token is None, values_file  # open unless a Secret is named
+        assert "secretKeyRef" in env["REDIS_PASSWORD"]["valueFrom"]
+        policy = events["NetworkPolicy"]["spec"]
+        (rule,) = policy["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": 8090}]
+        sources = [p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+                   or p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in rule["from"]]  # fmt: skip
+        expected = ["ads-serving", "stage"] if values_file == "values-production.yaml" else ["stage"]
+        assert sorted(sources) == expected, values_file
+        egress_ports = {p["port"] for r in policy["egress"] for p in r["ports"]}
+        assert egress_ports == {53, 5432, 6379}, values_file
 
 
 def test_feature_store_yaml_is_accepted_by_feast(rendered, monkeypatch):
