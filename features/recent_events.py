@@ -117,14 +117,15 @@ def from_view_rows(table: pa.Table) -> pd.DataFrame:
     return pd.DataFrame(out)[list(EVENT_COLUMNS)]
 
 
-def read_online(store, user_ids: Sequence[int]) -> tuple[pd.DataFrame, dict[int, int]]:
+def read_online(store, user_ids: Sequence[int], view=None) -> tuple[pd.DataFrame, dict[int, int]]:
     """The stored lists of ``user_ids`` (long form) and each found row's timestamp (µs), from the online store
-    the view lives in (Feast's own ``online_read``, the call serving makes)."""
+    the view lives in (Feast's own ``online_read``, the call serving makes). ``view``: the resolved
+    ``user_recent_events`` view (else looked up in the registry)."""
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
     from feast.type_map import feast_value_type_to_python_type
 
-    view = store.get_feature_view("user_recent_events")
+    view = view if view is not None else store.get_feature_view("user_recent_events")
     online_store = store._get_provider().online_store
     rows: dict[str, list] = {"user_id": [], **{name: [] for name in LIST_COLUMNS}}
     stamps: dict[int, int] = {}
@@ -153,24 +154,26 @@ def read_online(store, user_ids: Sequence[int]) -> tuple[pd.DataFrame, dict[int,
 
 
 def merge_online(
-    store, new: pd.DataFrame, n: int, as_of_us: dict[int, int] | int, fast: bool = True
+    store, new: pd.DataFrame, n: int, as_of_us: dict[int, int] | int, fast: bool = True, views=None
 ) -> pa.Table:
     """Merge ``new`` (long form) into the online lists of its users and write them in one push; returns the
     rows written. Each row is stamped max(``as_of_us``, the stored row's time + 1 µs). ``fast``: the vectorized
-    writer (``features.feature_repo.online``), else Feast's own ``push``."""
+    writer (``features.feature_repo.online``), else Feast's own ``push``. ``views``: the views of the push source,
+    resolved once by a caller that merges many times (``online.push_views``)."""
     from features.feature_repo import RECENT_EVENTS_PUSH
     from features.feature_repo import online as online_writes
 
     users = np.unique(new["user_id"].to_numpy(np.int64))
     if len(users) == 0:
         return view_rows(empty_events(), 0)
-    existing, stored = read_online(store, users)
+    view = next((v for v in views if v.name == "user_recent_events"), None) if views else None
+    existing, stored = read_online(store, users, view)
     merged = merge(existing, new, n)
     wanted = as_of_us if isinstance(as_of_us, dict) else dict.fromkeys(users.tolist(), int(as_of_us))
     stamps = {int(u): max(wanted[int(u)], stored.get(int(u), -1) + 1) for u in users}
     table = view_rows(merged, stamps)
     if fast:
-        online_writes.push(store, RECENT_EVENTS_PUSH, table)
+        online_writes.push(store, RECENT_EVENTS_PUSH, table, views)
     else:
         from feast.data_source import PushMode
 

@@ -276,6 +276,15 @@ def _fast_or_feast(
     return None
 
 
+def push_views(store: FeatureStore, push_source: str) -> list[FeatureView]:
+    """The feature views fed by ``push_source``."""
+    return [
+        v
+        for v in store.list_feature_views()
+        if v.stream_source is not None and v.stream_source.name == push_source
+    ]
+
+
 def materialize(store: FeatureStore, view_names: list[str], start: dt.datetime, end: dt.datetime) -> dict:
     """``store.materialize(start, end, view_names)``, fast; returns the rows written per view (None: by Feast)."""
     written = {}
@@ -292,13 +301,14 @@ def materialize(store: FeatureStore, view_names: list[str], start: dt.datetime, 
     return written
 
 
-def push(store: FeatureStore, push_source: str, table: pa.Table) -> int:
-    """``store.push(push_source, table, to=PushMode.ONLINE)``, fast, for every view fed by ``push_source``."""
-    views = [
-        v
-        for v in store.list_feature_views()
-        if v.stream_source is not None and v.stream_source.name == push_source
-    ]
+def push(
+    store: FeatureStore, push_source: str, table: pa.Table, views: list[FeatureView] | None = None
+) -> int:
+    """``store.push(push_source, table, to=PushMode.ONLINE)``, fast, for every view fed by ``push_source``.
+
+    ``views``: those views, resolved once by a caller that pushes many times (each registry lookup parses the
+    views' protos again: ~9 ms a call on a 2-core machine)."""
+    views = views if views is not None else push_views(store, push_source)
     if not views:
         raise ValueError(f"no feature view reads push source {push_source!r}")
     for view in views:
