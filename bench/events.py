@@ -156,15 +156,17 @@ def run_events(base, rate, seconds, batch, users, num_ads, prober, first_id) -> 
         if status == 200:
             prober.add(user[0], ids[0], sent)  # visible: this read sees it; sent: before the POST
 
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    start, futures = time.perf_counter(), []
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
         for k in range(posts):
             due = start + k * batch / rate
             wait = due - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
-            pool.submit(one, due)
+            futures.append(pool.submit(one, due))
     wall = time.perf_counter() - start
+    for f in futures:
+        f.result()  # a client-side error is the bench's bug: raise it
     return {"sent": posts * batch, "posts": posts, "acked": acked, "codes": dict(tally), "wall": wall}
 
 
@@ -188,6 +190,10 @@ def main() -> None:
 
     ws = Workspace(ws_root)
     land_ads_snapshot(ws)
+    import shutil
+
+    for leftover in (ws.root / "events", ws.raw(LIVE_TABLE)):  # a previous run's log: ids would collide
+        shutil.rmtree(leftover, ignore_errors=True)
     collector_url = f"http://127.0.0.1:{args.port + 10}"
     collector = start_collector(ws_root, args.port + 10, args.world / "collector.log")
     rank_url = f"http://127.0.0.1:{args.port}"
