@@ -22,7 +22,7 @@ import torch
 
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
-from models.transforms import lengths, normalize_age, time_bucket
+from models.transforms import lengths, normalize_age, previous_gaps, time_bucket
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Events:
     category_id: torch.Tensor
     advertiser_id: torch.Tensor
     ts: torch.Tensor  # int64 seconds
-    gap_bucket: torch.Tensor  # bucketed time gap (to the sequence's last event, or to the request time)
+    gap_bucket: torch.Tensor  # bucketed time gap (to the event before it, or to the request time)
     offsets: torch.Tensor
 
     @property
@@ -251,7 +251,8 @@ class TrainingSet:
         last_n: int | None = None,
         cuts: np.ndarray | None = None,
     ) -> Events:
-        """Each example's events ``[max(0, cut - L), cut)``, flat. ``gap_to``: "last" event or "request" time.
+        """Each example's events ``[max(0, cut - L), cut)``, flat. ``gap_to``: "previous" event (the user
+        model: causal) or "request" time (the ranker: every event is older than the request).
         ``cuts`` replaces the examples' own cuts (e.g. ``snapshot_cuts``: the history as of an earlier time)."""
         ex = self.examples
         user_row = ex["user_row"].to_numpy()[rows]
@@ -297,12 +298,12 @@ class TrainingSet:
         np.cumsum(lens, out=offsets[1:])
         idx = np.repeat(start - offsets[:-1], lens) + np.arange(offsets[-1])
         vals = {f: self.seq_values[f][idx] for f in HISTORY_FIELDS}
-        if gap_to == "last":
-            last = np.where(lens > 0, self.seq_values["ts"][np.maximum(end - 1, 0)], 0)
-            anchor = np.repeat(last, lens)
+        if gap_to == "previous":
+            gap = time_bucket(previous_gaps(vals["ts"], offsets), num_buckets)
+        elif gap_to == "request":
+            gap = time_bucket(np.repeat(request_ts, lens) - vals["ts"], num_buckets)
         else:
-            anchor = np.repeat(request_ts, lens)
-        gap = time_bucket(anchor - vals["ts"], num_buckets)
+            raise ValueError(f"gap_to must be 'previous' or 'request', got {gap_to!r}")
         t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in vals.items()}
         return Events(**t, gap_bucket=torch.from_numpy(gap), offsets=torch.from_numpy(offsets))
 
@@ -409,9 +410,9 @@ def _align_ranker(ranker: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------------------------- batching
 class BatchBuilder:
-    """Turns example rows into a ``Batch``: the user model reads the long history (gaps to its last event,
-    so the user embedding does not depend on when it is computed); the ranker reads the recent events (gaps to
-    the request time) plus cached user tokens.
+    """Turns example rows into a ``Batch``: the user model reads the long history (each event's gap to the one
+    before it: causal, and the user embedding does not depend on when it is computed); the ranker reads the
+    recent events (gaps to the request time) plus cached user tokens.
 
     ``snapshot="day"`` (user model): every example reads its user's history as of the start of its day, the
     history a daily embedding refresh holds, and each run of consecutive rows of one user-day becomes ONE

@@ -180,7 +180,7 @@ def load_for_evaluation(run_dir: str | Path, training_set: str | Path):
     cfg = bundle.cfg
     if bundle.kind == "user":
         builder = BatchBuilder(
-            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
         )
     else:
         emb, present = None, None

@@ -120,7 +120,7 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
     if cfg.model == "user":
         mc = cfg.user_model
         builder = BatchBuilder(
-            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="last",
+            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="previous",
             snapshot=mc.snapshot,
         )  # fmt: skip
     else:
@@ -193,7 +193,7 @@ def user_tokens_per_example(bundle: ModelBundle, data: TrainingSet, batch_size: 
     with torch.no_grad():
         for chunk in batches(np.arange(len(head)), batch_size, "embed user-days"):
             h = data.history(
-                head[chunk], cfg.max_history, cfg.time_buckets, gap_to="last", cuts=cuts[head[chunk]]
+                head[chunk], cfg.max_history, cfg.time_buckets, gap_to="previous", cuts=cuts[head[chunk]]
             )
             user_id = torch.from_numpy(data.examples["user_id"].to_numpy(np.int64)[head[chunk]])
             out.append(model.encode_user(h, user_id).flatten(1))

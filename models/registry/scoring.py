@@ -12,7 +12,7 @@ def batch_builder(bundle: ModelBundle, data: TrainingSet) -> BatchBuilder:
     cfg = bundle.cfg
     if bundle.kind == "user":
         return BatchBuilder(
-            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
         )
     emb, present = None, None
     if cfg.use_user_tokens and bundle.user_token_dim:

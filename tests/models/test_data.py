@@ -11,7 +11,7 @@ from tests.models.fixtures import tiny_dense, tiny_set
 
 
 def _builder(**kw) -> BatchBuilder:
-    return BatchBuilder(tiny_set(), tiny_dense(), history_len=32, time_buckets=32, gap_to="last", **kw)
+    return BatchBuilder(tiny_set(), tiny_dense(), history_len=32, time_buckets=32, gap_to="previous", **kw)
 
 
 def test_snapshot_cut_is_the_users_history_before_the_examples_day():

@@ -215,7 +215,7 @@ def test_daily_snapshot_tokens_are_the_history_as_of_the_day_start():
         np.testing.assert_array_equal(same, np.broadcast_to(same[0], same.shape))
     pick = np.array([0, 7, 50, len(rows) - 1])
     cfg = bundle.cfg
-    history = data.history(pick, cfg.max_history, cfg.time_buckets, gap_to="last", cuts=cuts[pick])
+    history = data.history(pick, cfg.max_history, cfg.time_buckets, gap_to="previous", cuts=cuts[pick])
     user_id = torch.as_tensor(data.examples["user_id"].to_numpy()[pick])
     with torch.no_grad():
         direct = bundle.model.encode_user(history, user_id).flatten(1).numpy()
