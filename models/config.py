@@ -59,6 +59,9 @@ class RankerConfig:
     num_heads: int = 4
     dropout: float = 0.0
     recent_events: int = 64  # fresh events read at request time (features.schema.RECENT_EVENTS)
+    # Fresh events count only once older than this many seconds (``models.transforms.fresh_cutoff``), in
+    # training as in serving: the event path's visibility budget (its p99 is under 1 s).
+    fresh_delay_s: int = 1
     time_buckets: int = 32
     ffn_mult: int = 2  # query-side FFN width: it runs once per candidate, so it sets the serving cost
     interaction_layers: int = 0  # self-attention layers over one candidate's 6 head tokens (cost per cand)

@@ -133,7 +133,7 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
         builder = BatchBuilder(
             data, dense, history_len=mc.recent_events, time_buckets=mc.time_buckets, gap_to="request",
             user_embeddings=user_embeddings if mc.use_user_tokens else None, user_present=present,
-            num_user_tokens=mc.num_user_tokens,
+            num_user_tokens=mc.num_user_tokens, fresh_delay_s=mc.fresh_delay_s,
         )  # fmt: skip
     model = build_model(cfg.model, mc, data.vocab, len(dense.columns), token_dim)
     init_output_bias(model, data.labels(train_rows).numpy().mean(0))

@@ -41,6 +41,16 @@ def time_bucket(gap_seconds, num_buckets: int, out_int32: bool = False):
     return torch.bucketize(gap, edges, right=True, out_int32=out_int32)
 
 
+def fresh_cutoff(request_ts, delay_s: int):
+    """The ranker reads a fresh event only if its time is before ``fresh_cutoff(request_ts, delay_s)``
+    (seconds), in training and in serving alike.
+
+    ``delay_s`` is the push path's latency budget (an event is visible online within it): reading only events
+    older than that makes serving read what training read whatever the actual latency was. The request's own
+    second is always left out: training cannot tell its events before the impression from those after it."""
+    return np.floor(np.asarray(request_ts, np.float64)).astype(np.int64) - int(delay_s)
+
+
 def previous_gaps(ts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Each event's seconds since the event before it in its sequence (0 for a sequence's first event).
 

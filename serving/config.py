@@ -92,6 +92,21 @@ class AdTableConfig:
 
 
 @dataclass
+class FeatureLogConfig:
+    """Served-feature logging (``serving.feature_log``), read back by ``gemflow skew-check``."""
+
+    sample_rate: float = 0.01  # fraction of answered requests whose user-side inputs are logged; 0 = off
+    flush_rows: int = 1000  # rows per parquet file, at most
+    flush_seconds: float = 30.0  # a partial buffer is written after this long
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ValueError(f"feature_log.sample_rate must be in [0, 1], got {self.sample_rate}")
+        if self.flush_rows < 1 or self.flush_seconds <= 0:
+            raise ValueError("feature_log.flush_rows must be >= 1 and feature_log.flush_seconds > 0")
+
+
+@dataclass
 class ClusterConfig:
     """What ``serving.manifest`` renders into the InferenceService (Knative mode, canary)."""
 
@@ -127,6 +142,7 @@ class ServingConfig:
     admin: AdminConfig = field(default_factory=AdminConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     ad_table: AdTableConfig = field(default_factory=AdTableConfig)
+    feature_log: FeatureLogConfig = field(default_factory=FeatureLogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import time
 
 import torch
@@ -42,6 +43,7 @@ from serving.ad_table import (
     store_ad_loader,
 )
 from serving.config import ServingConfig
+from serving.feature_log import LOGGED, FeatureLog
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
@@ -72,6 +74,8 @@ class RankerPredictor(Model):
         self._threads: ScoringThreads | None = None  # scoring.processes == 0
         self.scorer: RequestScorer | None = None
         self._processes: ScoringProcesses | None = None  # scoring.processes > 0
+        rate = cfg.feature_log.sample_rate
+        self.feature_log = FeatureLog(ws, cfg.feature_log) if rate > 0 else None
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
@@ -138,6 +142,8 @@ class RankerPredictor(Model):
             self._threads.close()
         if self._processes:
             self._processes.close()
+        if self.feature_log:
+            self.feature_log.close()
         super().stop()
 
     @property
@@ -216,10 +222,18 @@ class RankerPredictor(Model):
     # ------------------------------------------------------------------------------------------- handlers
     async def answer(self, req: ParsedRequest, deadline: float) -> dict:
         """Rank one parsed request; raises Cancelled past ``deadline`` (and stops its worker, see ``Job``)."""
+        sampled = self.feature_log is not None and random.random() < self.cfg.feature_log.sample_rate
+        result = await self._answer(req, deadline, sampled)
+        row = result.pop(LOGGED, None)
+        if row is not None:
+            self.feature_log.add(row)
+        return result
+
+    async def _answer(self, req: ParsedRequest, deadline: float, log_features: bool) -> dict:
         started = time.perf_counter()
         self.pauses.watch_loop()  # the lag probe needs the server's running loop: started by the first request
         if self._threads is not None:
-            job = Job(req, None, None, started, 0.0, deadline)
+            job = Job(req, None, None, started, 0.0, deadline, log_features=log_features)
             try:
                 return await self._threads.answer(self.reader, job)
             finally:
@@ -227,7 +241,8 @@ class RankerPredictor(Model):
                     self._note_store(job.store_problem)
         feats, problem = await self.reader.read(req.user_id)
         self._note_store(problem)
-        job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline)
+        job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline,
+                  log_features=log_features)  # fmt: skip
         job.check()
         return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
 

@@ -103,6 +103,10 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         negatives: Annotated[int, typer.Option(help="Sampled negatives per leave-one-out list.")] = 99,
+        fresh_as_of: Annotated[
+            str,
+            typer.Option(help="Ranker: fresh events as the event path serves them (served) or a daily store (day)."),
+        ] = "served",
         ws: WorkspaceOpt = None,
     ) -> None:
         """NE, AUC and calibration of a trained model on a split; optionally leave-one-out HR@10/NDCG@10/MRR.
@@ -123,7 +127,7 @@ def register(app: typer.Typer) -> None:
                 metrics = next_item_metrics(bundle, TrainingSet(path), split, num_negatives=negatives)
                 typer.echo(json.dumps({f"{split}_{k}": v for k, v in metrics.items()}, indent=2))
                 return
-            bundle, data, builder = evaluate.load_for_evaluation(run_dir, path)
+            bundle, data, builder = evaluate.load_for_evaluation(run_dir, path, fresh_as_of)
             out = evaluate_rows(bundle.model, builder, data.split_rows(split), 1024, f"{split}_")
             if leave_one_out:
                 out |= {

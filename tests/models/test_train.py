@@ -159,6 +159,10 @@ def test_ranker_trains_on_user_model_tokens_via_cli(ws, straight):
     assert json.loads(evaluated.output[evaluated.output.index("{") :])["test_ne"] == pytest.approx(
         metrics["test_ne"]
     )
+    daily = runner.invoke(app, ["evaluate", "--run", str(ws.root / "runs" / "ranker"), "--training-set", "fx",
+                                "--fresh-as-of", "day", "--workspace", str(ws.root)])  # fmt: skip
+    assert daily.exit_code == 0, daily.output  # a store written once a day serves other (older) fresh events
+    assert json.loads(daily.output[daily.output.index("{") :])["test_ne"] != pytest.approx(metrics["test_ne"])
 
 
 def test_bad_input_is_a_clear_error(ws):

@@ -240,7 +240,7 @@ def test_served_scores_equal_offline_batch_scores(server, world, tmp_path, user)
     builder = BatchBuilder(
         data, bundle.dense, history_len=bundle.cfg.recent_events, time_buckets=bundle.cfg.time_buckets,
         gap_to="request", user_embeddings=emb if emb is not None else np.zeros((len(cands), 16), np.float32),
-        user_present=use, num_user_tokens=bundle.cfg.num_user_tokens,
+        user_present=use, num_user_tokens=bundle.cfg.num_user_tokens, fresh_delay_s=bundle.cfg.fresh_delay_s,
     )  # fmt: skip
     offline = predict(bundle.model, builder, np.arange(len(cands)), batch_size=3)
     order = np.argsort(-offline[:, 0], kind="stable")
