@@ -56,6 +56,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import add_record_flag, record  # noqa: E402
+
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
@@ -187,6 +189,7 @@ def main() -> None:
     )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--only", nargs="*", default=None, help="subset of the configuration names")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.only:  # names before the precision became a choice ended in ", bf16"; ZeRO-0 is now the default's
         args.only = [RENAMED.get(n, n) for n in (name.removesuffix(", bf16") for name in args.only)]
@@ -274,6 +277,26 @@ def main() -> None:
     if plain:
         print(f"best MFU: wall {max(r['mfu'] for r in plain):.1%}, cpu {max(r['mfu_cpu'] for r in plain):.1%} "
               f"of the {args.precision} peak of the cores used (goal >= 30% at d_model >= 256)")  # fmt: skip
+    if args.record:
+        record_figures(args, results, peak_wall, peak_cpu)
+
+
+def record_figures(args, results: dict, peak_wall: float, peak_cpu: float) -> None:
+    """The headline figures into docs/benchmarks.md; MFU only against the peak of the precision that ran."""
+    p = args.precision
+    rows = [(f"1-core {p} GEMM peak (1024^3, 1 thread), the MFU denominator", f"{peak_wall * 1e3:.1f} GFLOP/s wall, {peak_cpu * 1e3:.1f} per CPU-s")]  # fmt: skip
+    for name, r in results.items():
+        rows.append((f"d {args.d_model}, {name}, {p}: tokens/s wall / cpu, MFU of the {p} peak wall / cpu, valid NE",
+                     f"{r['tokens_per_second']:.0f} / {r['tokens_per_critical_cpu_second']:.0f}, "
+                     f"{r['mfu']:.1%} / {r['mfu_cpu']:.1%}, {r['valid_ne']:.4f}"))  # fmt: skip
+    one, two = results.get("1 rank x 1 core"), results.get("2 ranks x 1 core")
+    if one and two:
+        wall = two["tokens_per_second"] / (2 * one["tokens_per_second"])
+        cpu = two["tokens_per_critical_cpu_second"] / (2 * one["tokens_per_critical_cpu_second"])
+        rows.append((f"d {args.d_model}, 2-rank scaling efficiency, {p}", f"{wall:.2f} wall, {cpu:.2f} cpu"))
+    record(
+        f"train.d{args.d_model}.{p}", f"distributed training, d_model {args.d_model} (bench/train.py)", rows
+    )
 
 
 def print_accounts(results: dict, first: int) -> None:
