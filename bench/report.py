@@ -86,13 +86,14 @@ def cpu_model() -> str:
 
 
 def git_commit() -> str:
-    """The short commit of the checkout, with '+changes' when tracked files differ from it."""
+    """The short commit of the checkout, with '+changes' when tracked files outside the docs differ from it
+    (markdown cannot change a measurement; code can)."""
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!*.md"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
