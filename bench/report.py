@@ -2,9 +2,9 @@
 
 A bench called with ``--record`` (see ``add_record_flag``) passes its figures to ``record``; every row gets the
 command line that produced it, the date (UTC), the CPU model (from /proc/cpuinfo) and core count, and the git
-commit. Each section sits between ``<!-- bench:KEY -->`` and ``<!-- /bench:KEY -->`` markers, so a new run
-replaces exactly its own rows and nothing else: the figures are regenerated, never edited by hand, and one
-figure lives in one place.
+commit. Each section sits between ``<!-- bench:KEY.CPU -->`` and ``<!-- /bench:KEY.CPU -->`` markers (KEY names the
+bench and its configuration, CPU the machine), so a new run replaces exactly its own rows for that machine and
+nothing else: the figures are regenerated, never edited by hand, and one figure lives in one place.
 """
 
 from __future__ import annotations
@@ -85,6 +85,14 @@ def cpu_model() -> str:
     return f"{name}{f' ({detail})' if detail else ''}, {cores} cores"
 
 
+def cpu_slug(cpu: str) -> str:
+    """A section-key suffix for a ``cpu_model()`` string: 'AMD EPYC (family 25 model 1, AVX2), 2 cores' ->
+    'amd-epyc-f25m1'."""
+    name = re.sub(r"[^a-z0-9]+", "-", cpu.split(" (")[0].split(",")[0].lower()).strip("-")
+    ids = re.search(r"family (\d+) model (\d+)", cpu)
+    return name + (f"-f{ids[1]}m{ids[2]}" if ids else "")
+
+
 def git_commit() -> str:
     """The short commit of the checkout, with '+changes' when tracked files outside the docs differ from it
     (markdown cannot change a measurement; code can)."""
@@ -139,10 +147,13 @@ def record(
     carried_over: str = "",
     path: Path = BENCHMARKS,
 ) -> Path:
-    """Replace section ``key`` of ``path`` with ``rows`` (figure, value), each stamped with ``prov``."""
+    """Replace the section ``key`` of this machine (``prov.cpu``) in ``path`` with ``rows`` (figure, value), each
+    stamped with ``prov`` (default: this command, now, this CPU, this commit)."""
     if not re.fullmatch(r"[a-z0-9_.-]+", key):
         raise ValueError(f"bench section key {key!r}: use lowercase letters, digits, '.', '_' or '-'")
-    body = render_section(title, rows, prov or Provenance.here(), carried_over)
+    prov = prov or Provenance.here()
+    key = f"{key}.{cpu_slug(prov.cpu)}"
+    body = render_section(f"{title}, {prov.cpu.split(' (')[0]}", rows, prov, carried_over)
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = os.open(path.parent, os.O_RDONLY)
     try:  # one writer at a time: two benches may finish together (the lock is on the folder: no lock file)
