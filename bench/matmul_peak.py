@@ -4,10 +4,10 @@
 
 Prints GFLOP/s per dtype and size on ``--threads`` threads (0 = all cores), per wall second and per CPU second
 of this process (on a shared machine the wall figure measures the neighbours; per CPU second, 1 thread gives
-one core's peak while it runs), and the best of each dtype. The dense tower trains in bf16: on this CPU
-(avx512_bf16) the bf16 GEMM peak is ~2.2x the fp32 one, so training MFU is quoted against the bf16 peak.
+one core's peak while it runs), and the best of each dtype. Training MFU is quoted against the peak of the
+precision the run used (``distributed.precision``: bf16 where this CPU multiplies bf16 at least as fast as fp32).
 ``gemflow train --nproc N`` measures the same GEMM quickly at launch unless ``distributed.peak_tflops`` is set;
-pass this script's bf16 figure there for a steadier MFU on a busy machine.
+pass this script's figure for that precision there for a steadier MFU on a busy machine.
 """
 
 from __future__ import annotations

@@ -31,15 +31,10 @@ Those profiled steps are left out of the throughput figures.
 Compiled configurations (``distributed.compile=on``: ``models.compile``) run the same steps with the dense
 tower's per-token work compiled by inductor; their first step (compile) is printed apart, and the NE of
 compiled vs eager at the same seed (goal: within 0.2%). ``--only`` picks configurations by name.
-Goals (issue 18): MFU >= 30% of the GEMM peak at d_model >= 256; scaling efficiency >= 0.85.
+Goals (issue 18): MFU >= 30% of the GEMM peak of the precision that ran, at d_model >= 256; scaling efficiency >= 0.85.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
 machine (about 2-3 minutes: five launches of ~20-30 s each, the emulated-FP8 one ~40 s).
-Last measured (docs/training-speed.md, shared 2-core Zen 5, bf16, CPU clock, median of 3; ``--only`` the 1- and
-2-rank configurations, ``--steps 12``): share outside GEMMs, 1 rank, d_model 256 52.7% -> 38.6%, 512 42.7% -> 28.5%;
-2 ranks (per rank) 61% -> 49-52% and 48-51% -> 36%; CPU tokens/s 1 rank +20% at both widths; 2-rank scaling
-(CPU) 0.69 -> 0.80 and 0.79 -> 0.86. On an AMX Xeon (round 7: bf16 GEMM peak 1.33 TFLOP/s a core), ``--steps 30``,
-after the linears' row bucketing: 1 rank 13,700 tokens/s at d 256 (MFU 12%), 5,300 at d 512 (19%); 2-rank scaling
-0.71.
+The current figures: docs/benchmarks.md (``--record`` writes them there); what they decided: docs/training-speed.md.
 """
 
 from __future__ import annotations
