@@ -31,12 +31,13 @@ ISA = (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))  # widest 
 COLUMNS = ("figure", "value", "command", "date (UTC)", "CPU", "commit")
 HEADER = """# Benchmarks
 
-Every figure the project quotes, once. Each section is written by its bench run with `--record`
-(`bench/report.py`), which replaces that section's rows: do not edit rows by hand, run the command again.
-Each row names the command that produced it, when (UTC), the CPU and the commit. Rows marked *carried over*
-were measured before the recorder existed (by the same bench, same command) and copied from the design notes
-(`docs/serving-speed.md`, `docs/training-speed.md`, the model-results docs); re-running the command with `--record`
-replaces them. Figures from different CPUs do not compare; figures taken side by side on one machine do.
+Every speed figure the project quotes, once. Each section is written by its bench run with `--record`
+(`bench/report.py`), which replaces that bench's section for the same CPU: do not edit rows by hand, run the
+command again. Each row names the command that produced it, when (UTC), the CPU and the commit. Rows marked
+*carried over* were measured before the recorder existed and copied from the design notes (`docs/serving-speed.md`,
+`docs/training-speed.md`); re-running their command with `--record` on that CPU replaces them. Figures from
+different CPUs do not compare, and on a shared machine only the per-CPU-second ones hold. Model quality (NE, AUC,
+HR@10, scaling fits) lives in the model-results docs and `docs/scaling.md`, each table with its command.
 """
 
 
