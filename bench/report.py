@@ -27,6 +27,7 @@ from gemflow.markdown import write_marked_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+ENV = ("OMP_NUM_THREADS", "GEMFLOW_NATIVE_KERNELS")  # settings outside argv that change what a bench measures
 ISA = (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))  # widest first
 COLUMNS = ("figure", "value", "command", "date (UTC)", "CPU", "commit")
 HEADER = """# Benchmarks
@@ -58,8 +59,9 @@ class Provenance:
             script = Path(argv[0])
             if script.is_absolute() and script.is_relative_to(ROOT):
                 argv[0] = str(script.relative_to(ROOT))
+        env = [f"{k}={os.environ[k]}" for k in ENV if k in os.environ]
         return cls(
-            command=shlex.join(argv),
+            command=shlex.join(env + argv),
             date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
             cpu=cpu_model(),
             commit=git_commit(),
