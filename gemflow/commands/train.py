@@ -7,21 +7,19 @@ and print their metrics as JSON.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gemflow import logs
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
 from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
 from gemflow.exit_codes import FAILED
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("mlflow", "alembic", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.setup()
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -63,14 +61,23 @@ def register(app: typer.Typer) -> None:
                 "--nproc", help="Distributed user-model training on N ranks (DeepSpeed + torchrec)."
             ),
         ] = None,
+        resume: Annotated[
+            bool,
+            typer.Option(
+                "--resume",
+                help="Continue the run folder's checkpoint (refused if its model config differs); "
+                "without it every invocation is a new run in a new folder.",
+            ),
+        ] = False,
     ) -> None:
-        """Train the user model or the ranker (single process), tracked in MLflow; resumes from its checkpoint."""
+        """Train the user model or the ranker (single process), tracked in MLflow; a new run unless --resume."""
         from models.config import TrainRunConfig
         from models.data import TrainingSetError
         from models.train import train
 
         _logging()
-        flags = {"model": model, "training_set": training_set, "distributed.nproc": nproc}
+        flags = {"model": model, "training_set": training_set, "distributed.nproc": nproc,
+                 "resume": True if resume else None}  # fmt: skip
         cfg = config(TrainRunConfig, cfg_path, overrides, **flags)
         if nproc is not None:  # hand off to the distributed launcher (models/distributed/launch.py)
             _train_distributed(cfg, workspace(ws))
