@@ -463,6 +463,8 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
     tracker.record(run_dir)  # the run id registration resumes (models.registry)
     task.bundle.version = tracker.run_id or run_dir.name
     tracker.log_config(cfg)
+    if isinstance(task, ClickTask):
+        tracker.log_training_set(task.setup.data)
     tracker.log_params({"train_examples": task.num_train, "selection_metric": task.select,
                         "dense_features": ",".join(task.bundle.dense.columns) or "-"})  # fmt: skip
     if task.bundle.user_model_version:
@@ -489,6 +491,7 @@ def _finish(task, run_dir: Path, state: LoopState, tracker: Tracker) -> TrainRes
     (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
     (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
     tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.epoch)
+    tracker.mark_best(state.best_epoch)  # evaluations are logged at step = epoch
     plots = task.plots(best, state.history, run_dir)
     for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
         tracker.log_artifact(path)

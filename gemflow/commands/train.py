@@ -39,7 +39,7 @@ def _train_distributed(cfg, ws) -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=FAILED) from err
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    typer.echo(json.dumps({"run_dir": str(run_dir), **metrics}, indent=2))
+    typer.echo(json.dumps({"run_dir": str(run_dir), **metrics}))  # one line: one log record
 
 
 def register(app: typer.Typer) -> None:
@@ -90,10 +90,7 @@ def register(app: typer.Typer) -> None:
         except (TrainingSetError, ValueError, FileNotFoundError) as err:
             raise _fail(err) from err
         typer.echo(
-            json.dumps(
-                {"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics},
-                indent=2,
-            )
+            json.dumps({"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics})
         )
 
     @app.command("evaluate")
@@ -128,7 +125,7 @@ def register(app: typer.Typer) -> None:
             bundle = load_bundle(run_dir)
             if is_next_item(bundle):
                 metrics = next_item_metrics(bundle, TrainingSet(path), split, num_negatives=negatives)
-                typer.echo(json.dumps({f"{split}_{k}": v for k, v in metrics.items()}, indent=2))
+                typer.echo(json.dumps({f"{split}_{k}": v for k, v in metrics.items()}))
                 return
             bundle, data, builder = evaluate.load_for_evaluation(run_dir, path)
             out = evaluate_rows(bundle.model, builder, data.split_rows(split), 1024, f"{split}_")
@@ -143,4 +140,4 @@ def register(app: typer.Typer) -> None:
                 out |= {f"loo_popularity_{k}": v for k, v in pop.items()}
         except (TrainingSetError, ValueError, FileNotFoundError) as err:
             raise _fail(err) from err
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(json.dumps(out))
