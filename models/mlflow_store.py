@@ -115,6 +115,14 @@ def _present(con: sqlite3.Connection, columns) -> list[tuple[str, str]]:
 
 # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, prompts); ours train models
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# MLflow 3.17's UI also has a global GenAI / Model-training switch (GenAI unless the browser stored another
+# choice); a link with this query opens the model-training view whatever the browser stored
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_link(server_url: str, path: str = "/experiments") -> str:
+    """A link into the MLflow UI at ``server_url`` that opens the model-training view."""
+    return f"{server_url}/#{path}?{MODEL_TRAINING_VIEW}"
 
 
 def experiment_id(client, name: str, store: Store) -> str:
