@@ -140,7 +140,10 @@ def experiment_id(client, name: str, store: Store) -> str:
                 raise
     for key, value in EXPERIMENT_KIND.items():
         if key not in experiment.tags:  # created before the tag was set
-            client.set_experiment_tag(experiment.experiment_id, key, value)
+            try:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+            except MlflowException as err:  # an auth server: another user's experiment (a cosmetic tag)
+                log.debug("experiment %s not tagged %s: %s", name, key, err)
     return experiment.experiment_id
 
 
