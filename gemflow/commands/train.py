@@ -90,7 +90,9 @@ def register(app: typer.Typer) -> None:
         except (TrainingSetError, ValueError, FileNotFoundError) as err:
             raise _fail(err) from err
         typer.echo(
-            json.dumps({"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics})
+            json.dumps(
+                {"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics}
+            )
         )
 
     @app.command("evaluate")
