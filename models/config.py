@@ -141,7 +141,9 @@ class TrainRunConfig:
     training_set: str = "default"  # ws.training(<name>) or a path to a training-set folder
     output_dir: str = ""  # "" = <workspace>/models/<model>/<run name>
     split_mode: str = "time"  # "time" (the set's split column) | "leave_one_out" (positive-only logs)
-    resume: bool = True  # continue from output_dir/checkpoint.pt when it exists
+    # False = a new run (a new folder when the default one is taken); True = continue the run folder's
+    # checkpoint, refused when its config.yaml differs in a key that shapes the model or data (models.run_folder)
+    resume: bool = False
     user_model: UserModelConfig = field(default_factory=UserModelConfig)
     ranker: RankerConfig = field(default_factory=RankerConfig)
     sasrec: SASRecConfig = field(default_factory=SASRecConfig)

@@ -47,6 +47,7 @@ _VERSIONED = re.compile(r"/v2/models/[^/]+/versions/.*")
 # KServe's own routes that stay reachable (no token: probes, Prometheus, server metadata); anything else is 404
 _OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "live", "/metrics": "metrics",
                 "/v2": "metadata", "/v2/models": "metadata", "/v1/models": "metadata"}  # fmt: skip
+_DOC_LABELS = {"/v2/health/ready": "ready"}  # counted with the liveness probes; /docs says what it answers
 
 
 class Reply:
@@ -144,7 +145,7 @@ class Gateway:
             ("GET", f"/v1/models/{name}", "model readiness, V1 (no token)"),
             ("GET", f"/v2/models/{name}", "model metadata: inputs, outputs, version; bearer token"),
             ("GET", f"/v2/models/{name}/stats", "request and latency statistics; bearer token"),
-            *((("GET", p, f"server {label} (no token)") for p, label in _OPEN_ROUTES.items())),
+            *(("GET", p, f"server {_DOC_LABELS.get(p, r)} (no token)") for p, r in _OPEN_ROUTES.items()),
         ]
         table = "".join(
             f"<tr><td>{m}</td><td><code>{html.escape(p)}</code></td><td>{html.escape(d)}</td></tr>"

@@ -90,7 +90,7 @@ def test_resume_reaches_the_same_result(ws, straight):
     out = str(ws.root / "runs" / "resumed")
     first = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out, "optim.epochs": 1}), ws)
     assert len(first.history) == 2
-    resumed = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out}), ws)
+    resumed = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out, "resume": True}), ws)
     assert resumed.mlflow_run_id == first.mlflow_run_id  # the same MLflow run continues
     for a, b in zip(straight.history, resumed.history, strict=True):
         assert a["valid_ne"] == pytest.approx(b["valid_ne"], rel=1e-5, abs=1e-7)

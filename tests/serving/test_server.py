@@ -309,6 +309,7 @@ def test_docs_page_lists_the_servers_routes(server):
     for route in (f"/v1/models/{MODEL}:predict", f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/ready"):
         assert route in page
     assert "<script" not in page
+    assert "<code>/v2/health/ready</code></td><td>server ready" in page  # not labelled "server live"
 
 
 @pytest.mark.parametrize(
