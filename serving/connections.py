@@ -77,20 +77,25 @@ class HeadLimits:
             self.transport.close()
 
     def _refuse_head(self) -> None:
-        body = orjson.dumps({"error": f"the request head exceeds {self.max_header_bytes} bytes"})
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-        )
         RESPONSES.labels(route="connection", code="431").inc()
+        self._answer_and_close(431, f"the request head exceeds {self.max_header_bytes} bytes")
+
+    def send_400_response(self, msg: str) -> None:
+        """The parser's own answer to a malformed request, in the protocol's error shape (uvicorn's is text)."""
+        RESPONSES.labels(route="connection", code="400").inc()
+        self._answer_and_close(400, f"malformed HTTP request: {msg[:200]}")
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        body = orjson.dumps({"error": message})
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, _REASONS[status], len(body), body)
+        )
         self._disarm()
         self.transport.close()
 
-    def send_400_response(self, msg: str) -> None:  # the parser's own answer to a malformed request
-        RESPONSES.labels(route="connection", code="400").inc()
-        super().send_400_response(msg)
 
-
+_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
 PARSERS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
 
 

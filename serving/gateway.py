@@ -255,7 +255,9 @@ class Gateway:
         try:
             if is_v2:
                 v2req = v2.decode(
-                    raw, v2.header_length(headers.get(b"inference-header-content-length"), len(raw))
+                    raw,
+                    v2.header_length(headers.get(b"inference-header-content-length"), len(raw)),
+                    self.predictor.name,
                 )
                 body = v2req.body
             else:
