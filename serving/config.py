@@ -87,6 +87,8 @@ class ScoringConfig:
 class AdTableConfig:
     refresh_seconds: float = 60.0  # background refresh period of the in-process ad table
     refresh_process: bool = True  # build each snapshot in a child process (serving.ad_table: the GIL)
+    # this many failed refreshes in a row make the table too stale to serve: readiness turns false (0 = never)
+    max_refresh_failures: int = 10
     lookup_chunk: int = 2000  # ads per Feast online read during a refresh
     feature_service: str = "ad_candidates"
 
@@ -165,6 +167,8 @@ class ServingConfig:
             raise ValueError(
                 f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"
             )
+        if self.ad_table.max_refresh_failures < 0:
+            raise ValueError(f"ad_table.max_refresh_failures must be >= 0, got {self.ad_table.max_refresh_failures}")
         if self.server_processes < 1:
             raise ValueError(f"server_processes must be >= 1, got {self.server_processes}")
         if self.server_processes > 1 and sc.processes > 0:
