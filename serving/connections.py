@@ -8,6 +8,9 @@
 - header count: ``serving.gateway`` answers 431 and closes past ``max_headers`` lines (and measures a head that
   arrived whole in one read);
 - idle timeout: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests;
+- connections per client address: past ``max_per_client`` open ones (per server process), a new connection from
+  that address is answered 503 and closed before it is read (reason ``client_connections``): clients trickling
+  request bodies hold connections, and this bounds how many one address can hold (and the bodies buffered for it);
 - after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body;
 - uvicorn's access log (a line per request) only when ``access_log`` asks for it.
 ``http_parser`` picks uvicorn's protocol: httptools (C, the faster) or h11 (pure Python); the limits are the same.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -33,11 +37,23 @@ class HeadLimits:
 
     header_timeout_s = 5.0
     max_header_bytes = 16 * 1024
+    max_per_client = 0  # 0: no limit
+    open_per_client: Counter  # client address -> open connections (one per protocol class: per server)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        self._client = None
+        if self.max_per_client:
+            peer = transport.get_extra_info("peername")
+            client = peer[0] if isinstance(peer, tuple) else str(peer)
+            if self.open_per_client[client] >= self.max_per_client:
+                SHED.labels(reason="client_connections").inc()
+                RESPONSES.labels(route="connection", code="503").inc()
+                return self._answer_and_close(503, f"more than {self.max_per_client} open connections from one address")
+            self._client = client
+            self.open_per_client[client] += 1
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -57,6 +73,10 @@ class HeadLimits:
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._client is not None:
+            self.open_per_client[self._client] -= 1
+            if not self.open_per_client[self._client]:
+                del self.open_per_client[self._client]
         super().connection_lost(exc)
 
     def _between_requests(self) -> bool:
@@ -95,13 +115,14 @@ class HeadLimits:
         self.transport.close()
 
 
-_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
+_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 PARSERS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
 
 
 def protocol_class(cfg: ConnectionConfig) -> type:
     base = PARSERS[cfg.http_parser]
-    attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes}
+    attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes,
+             "max_per_client": cfg.max_per_client, "open_per_client": Counter()}  # fmt: skip
     return type(f"Limited{base.__name__}", (HeadLimits, base), attrs)
 
 
