@@ -78,10 +78,9 @@ class ScoringConfig:
         0  # > 0: score in this many worker processes instead (no shared GIL; serving.scoring_processes)
     )
     feature_workers: int = 4  # online-store read threads (a read holds one ~1 ms; a hung store, all)
-    # reads that may wait for a busy worker; beyond that -> degraded at once ("feature_store_busy"). -1: as many as
-    # admission lets in beyond the read threads (limits.max_in_flight - feature_workers), so an admitted request is
-    # never degraded only because the threads were busy with other admitted ones (each wait is within its budget)
-    feature_waiting: int = -1
+    # reads that may wait for a busy worker; beyond that -> degraded at once. Waits as deep as admission (12) turned
+    # feature_store_busy into timeouts under overload and cost CPU (docs/serving-speed.md, issue 35): 0
+    feature_waiting: int = 0
     # a request that finds the server idle is read and scored on the event loop itself, no thread woken: 7-11% less
     # CPU per request at 100 req/s. Never while another request is in flight or right after one (a busy server
     # reads, admits and sheds as without it), and only where the read cannot wait: a local SQLite store, its lock
@@ -172,8 +171,8 @@ class ServingConfig:
         sc = self.scoring
         if sc.cache_mb < 0:
             raise ValueError(f"scoring.cache_mb must be >= 0 (0 = no cache), got {sc.cache_mb}")
-        if sc.feature_waiting < -1:
-            raise ValueError(f"scoring.feature_waiting must be >= 0, or -1 (as admission allows), got {sc.feature_waiting}")
+        if sc.feature_waiting < 0:
+            raise ValueError(f"scoring.feature_waiting must be >= 0, got {sc.feature_waiting}")
         if sc.gil_switch_ms < 0:
             raise ValueError(
                 f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"

@@ -111,7 +111,8 @@ class Gateway:
             return await self._pass(scope, receive, reply)
         if path == "/docs" and method == "GET":  # the server's own page (KServe's Swagger UI needs a CDN)
             reply.route = "docs"
-            return await reply.body(200, docs_page(self.predictor.name, self.predictor.served.version, _OPEN_ROUTES), [(b"content-type", b"text/html; charset=utf-8")])
+            page = docs_page(self.predictor.name, self.predictor.served.version, _OPEN_ROUTES)
+            return await reply.body(200, page, [(b"content-type", b"text/html; charset=utf-8")])
         if path.startswith("/v2/repository"):
             reply.route = "repository"
             return await self._repository(scope, receive, reply)

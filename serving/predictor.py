@@ -104,7 +104,7 @@ class RankerPredictor(Model):
             USER_SERVICE,
             lim.feature_timeout_ms / 1e3,
             sc.feature_workers,
-            sc.feature_waiting if sc.feature_waiting >= 0 else max(0, lim.max_in_flight - sc.feature_workers),
+            sc.feature_waiting,
             guard,
             lim.feature_timeout_max_ms / 1e3,
             continuation_threads=0 if sc.processes else sc.workers,  # reading threads go on to score
