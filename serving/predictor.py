@@ -120,9 +120,10 @@ class RankerPredictor(Model):
             make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
                                      at.lookup_chunk)  # fmt: skip
             loader = ProcessLoader(make, timeout_s=max(at.refresh_seconds, 60.0))
-            self.ads = AdTable(loader, at.refresh_seconds, initial_loader=here)  # first load: no child wait
+            self.ads = AdTable(loader, at.refresh_seconds, initial_loader=here,  # first load: no child wait
+                               max_failures=at.max_refresh_failures)  # fmt: skip
         else:
-            self.ads = AdTable(here, at.refresh_seconds)
+            self.ads = AdTable(here, at.refresh_seconds, max_failures=at.max_refresh_failures)
         self.ads.start()
         self._warm_up()
         self.ready = True  # the model is loaded: requests are served (degraded if the store is down)
@@ -181,7 +182,8 @@ class RankerPredictor(Model):
 
     # ------------------------------------------------------------------------------------------- health
     async def readiness(self) -> tuple[bool, dict]:
-        """Ready = model loaded AND ad table loaded: this replica can answer. The shared online store is not part
+        """Ready = model loaded AND ad table loaded and not stale (``ad_table.max_refresh_failures``) AND a scoring
+        process alive: this replica can answer. The shared online store is not part
         of it (an outage would unroute every replica exactly when the degraded path should answer); its health
         is reported here, in ``/metrics`` and in every answer's fallback flags."""
         now = time.monotonic()
@@ -192,7 +194,7 @@ class RankerPredictor(Model):
             _, ok, why = self._probe
         ads = self.ads.status() if self.ads else {"loaded": False}
         workers = None if self._processes is None else self._processes.alive
-        ready = bool(self.ready and ads.get("loaded") and workers != 0)
+        ready = bool(self.ready and ads.get("loaded") and not ads.get("stale") and workers != 0)
         detail = {
             "name": self.name,
             "ready": ready,

@@ -112,6 +112,8 @@ class RequestScorer:
             cands, unknown = build.candidates(req.candidates, req.surface, ads)
         else:
             cands, unknown = None, ads.unknown_count(req.candidates)
+        if unknown:  # scored from the out-of-vocabulary row, all alike: the answer says so
+            reasons.append("unknown_ads")
         t0 = time.perf_counter()
         build_ms = 1e3 * (t0 - t_build)
         probs = score_shared(served.ranker, user, cands, self.batch_size, job.check, queries)
