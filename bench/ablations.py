@@ -178,7 +178,7 @@ def embed_flops_per_user(bundle, data, users: int = 256) -> float:
 
     cfg = bundle.cfg
     rows = np.random.default_rng(0).permutation(len(data.examples))[:users]
-    history = data.history(rows, cfg.max_history, cfg.time_buckets, gap_to="last")
+    history = data.history(rows, cfg.max_history, cfg.time_buckets, gap_to="previous")
     user_id = torch.from_numpy(data.examples["user_id"].to_numpy(np.int64)[rows])
     with torch.no_grad():
         return counted_flops(lambda: bundle.model.encode_user(history, user_id)) / len(rows)
@@ -191,7 +191,7 @@ def user_model_metrics(bundle, data) -> dict[str, float]:
 
     cfg = bundle.cfg
     builder = BatchBuilder(
-        data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last",
+        data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous",
         snapshot=cfg.snapshot,
     )  # fmt: skip
     out = {}

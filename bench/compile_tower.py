@@ -23,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import add_record_flag, record  # noqa: E402
+
 from models.compile import compile_dense, compile_seconds  # noqa: E402
 from models.layers import TargetAwareBlock, TransformerBlock  # noqa: E402
 
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=8)
+    add_record_flag(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -106,6 +109,13 @@ def main() -> None:
     )
     print(f"CPU ms per fwd+bwd step, median of {args.steps}: eager {e * 1e3:.0f}, compiled {c * 1e3:.0f} "
           f"-> compiled/eager {c / e:.2f}x time ({e / c:.2f}x speed); max |out diff| {worst:.2e}")  # fmt: skip
+    if args.record:
+        what = f"d {args.d_model}, {args.layers} blocks, CPU ms per fwd+bwd step"
+        rows = [(f"eager, {what}", f"{e * 1e3:.0f} ms"), (f"compiled, {what}", f"{c * 1e3:.0f} ms"),
+                ("first compiled call (wall)", f"{first_call:.1f} s")]  # fmt: skip
+        record(
+            f"compile_tower.d{args.d_model}", "eager vs compiled dense tower (bench/compile_tower.py)", rows
+        )
 
 
 if __name__ == "__main__":

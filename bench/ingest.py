@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import add_record_flag, record
+
 from features.feature_repo import FeatureStoreConfig
 from features.ingest import IngestConfig, ingest
 from features.sources.synthetic import SyntheticConfig, generate
@@ -131,6 +133,13 @@ def _run(args: argparse.Namespace, root: Path, store_cfg: FeatureStoreConfig) ->
     line("end to end", total_s)
     print(f"process CPU time {cpu_s:.2f} s (wall {total_s:.2f} s)")
     print(f"peak RSS {peak_rss_gb():.2f} GB; goal: >= 1,000,000 events/min end to end, < 4 GB")
+    if args.record:
+        what = f"{events:,} events, {store_cfg.online_store} online store"
+        rows = [
+            (f"end to end, {what}", f"{events / total_s * 60:,.0f} events/min ({total_s:.1f} s)"),
+            ("peak RSS", f"{peak_rss_gb():.2f} GB"),
+        ]
+        record(f"ingest.{store_cfg.online_store}", "generate + ingest (bench/ingest.py)", rows)
 
 
 def main() -> None:
@@ -146,6 +155,7 @@ def main() -> None:
     parser.add_argument("--online-store", choices=("sqlite", "redis"), default="sqlite")
     parser.add_argument("--online-writer", choices=("fast", "feast"), default="fast")
     parser.add_argument("--workspace", type=Path, help="Keep the data here (default: a temporary folder).")
+    add_record_flag(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.workspace:

@@ -31,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import add_record_flag, record  # noqa: E402
+
 from models.attention import dispatch  # noqa: E402
 from models.attention.jagged import plan_cross, plan_self  # noqa: E402
 
@@ -159,6 +161,7 @@ def main() -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
     parser.add_argument("--worker", nargs=2, metavar=("CASE", "BACKEND"), help=argparse.SUPPRESS)
+    add_record_flag(parser)
     args = parser.parse_args()
     cfg = Settings(**{k: getattr(args, k) for k in asdict(Settings())})
     if args.worker:
@@ -199,6 +202,11 @@ def main() -> None:
             f"{case:<18} {ref['step_ms']:>9.1f} {jag['step_ms']:>10.1f} {ref['step_ms'] / jag['step_ms']:>8.2f}x "
             f"{ref['peak_mib']:>9.1f} {jag['peak_mib']:>11.1f} {ratio:>10.3f}"
         )
+    if args.record:
+        figures = [(f"{case}, step ms / peak MiB, padded reference vs jagged",
+                    f"{r['reference']['step_ms']:.1f} vs {r['jagged']['step_ms']:.1f} ms; "
+                    f"{r['reference']['peak_mib']:.0f} vs {r['jagged']['peak_mib']:.0f} MiB") for case, r in rows]  # fmt: skip
+        record("jagged", "jagged vs padded attention, CPU (bench/jagged.py)", figures)
 
 
 if __name__ == "__main__":

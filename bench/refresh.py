@@ -33,6 +33,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from report import add_record_flag, record  # noqa: E402
 
 from features.schema import ACTIONS, SURFACES  # noqa: E402
 from models.config import UserModelConfig  # noqa: E402
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--nproc", type=int, default=1, help=">1 also times the multi-process path")
     p.add_argument("--repeats", type=int, default=2)
+    add_record_flag(p)
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -138,7 +140,7 @@ def main() -> None:
         f"{'GFLOP/s':>8} {'MFU':>6} {'counted':>7}"
     )
     print(header)
-    best = None
+    best, figures = None, []
     for d in (int(x) for x in args.d_model.split(",")):
         bundle = bundle_for(d, args.layers, args.heads, args.history)
         for dtype in args.dtypes.split(","):
@@ -156,9 +158,18 @@ def main() -> None:
                 print(f"{d:>7} {dtype:>5} {budget:>7} {per_batch:>7} {args.users / seconds:>9.1f} "
                       f"{cpu / batches:>11.3f} {rate / 1e9:>8.1f} {mfu:>6.1%} {seen / flops:>7.2f}",
                       flush=True)  # fmt: skip
+                figures.append((f"d_model {d}, {dtype}, budget {budget}: users/s, MFU of the {dtype} peak",
+                                f"{args.users / seconds:.1f} users/s, {mfu:.1%}"))  # fmt: skip
                 if best is None or mfu > best[0]:
                     best = (mfu, d, dtype, budget)
     print(f"# best MFU {best[0]:.1%} (d_model {best[1]}, {best[2]}, budget {best[3]}); goal >= 40%")
+    if args.record:  # MFU's denominator: this run's 2048^3 GEMM peak of the dtype that ran, same threads
+        peak_rows = [(f"{n} GEMM peak, 2048^3, {args.threads} thread(s)", f"{v / 1e9:.1f} GFLOP/s") for n, v in peaks.items()]  # fmt: skip
+        record(
+            "refresh",
+            f"embedding refresh, {args.history}-event histories (bench/refresh.py)",
+            peak_rows + figures,
+        )
 
     if args.nproc > 1:  # the refresh's own multi-process path, process start-up included
         _, d, dtype, budget = best

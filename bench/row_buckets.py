@@ -17,6 +17,7 @@ import statistics
 import time
 
 import torch
+from report import add_record_flag, record
 from torch import nn
 
 from models.row_buckets import bucket_linear_rows, bucket_rows
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=7000)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
+    add_record_flag(parser)
     args = parser.parse_args()
     d = args.d_model
     torch.manual_seed(0)
@@ -57,6 +59,10 @@ def main() -> None:
         )
     ratio = statistics.median(times["plain"]) / statistics.median(times["bucketed"])
     print(f"  plain / bucketed: {ratio:.2f}x")
+    if args.record:
+        what = f"d {d}, ~{args.rows} rows, CPU ms per fwd+bwd step"
+        rows = [(f"{name}, {what}", f"{statistics.median(ms):.1f} ms") for name, ms in times.items()]
+        record(f"row_buckets.d{d}", "bf16 linears with varying row counts (bench/row_buckets.py)", rows)
 
 
 if __name__ == "__main__":

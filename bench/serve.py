@@ -51,9 +51,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import add_record_flag, record  # noqa: E402
+
 MODEL = "gem-ranker"
 PREDICT = f"/v1/models/{MODEL}:predict"
 PHASES = ("latency", "compare", "soak")
+FIGURES: list[tuple[str, str]] = []  # headline figures for --record (docs/benchmarks.md)
 
 
 # ----------------------------------------------------------------------------------------------- client
@@ -193,6 +196,8 @@ def run_latency(base, rng, users, num_ads, sizes, requests, concurrency, proc, r
         print(f"  {n:>5} candidates: {percentiles(tally.client_ms)}  {ok / wall:6.1f} req/s  "
               f"server CPU {server_cpu:5.2f} ms/req  client CPU {client_cpu:4.2f} ms/req  "
               f"errors {requests - ok}")  # fmt: skip
+        FIGURES.append((f"closed loop, {concurrency} clients, {n} candidates: req/s, p50 / p99, server CPU per request",
+                        f"{ok / wall:.0f} req/s, {percentiles(tally.client_ms)}, {server_cpu:.2f} ms"))  # fmt: skip
         print(f"        server-side total {percentiles(tally.server_ms)}  fallbacks {dict(tally.fallbacks)}")
         print(f"        {breakdown(before, after)}")
 
@@ -466,6 +471,8 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
         f"  fallbacks {dict(tally.fallbacks)} (degraded {sum(tally.fallbacks.values())} of {len(tally.server_ms)})"
     )
     print(f"  {breakdown(before, after)}")
+    FIGURES.append((f"open loop {rate:.0f} req/s x {seconds:.0f} s, {n} candidates: latency, degraded, server CPU per request",
+                    f"{percentiles(tally.client_ms)}, {sum(tally.fallbacks.values())} of {total}, {server_cpu:.2f} ms"))  # fmt: skip
     if rss:
         both = np.array(rss) / 2**20
         for name, mib in (("server", both[:, 0]), ("its child processes", both[:, 1])):
@@ -555,6 +562,7 @@ def main() -> None:
         action="store_true",
         help="also sample the bench world's cold-start users (2: old embedding version, 4: none)",
     )
+    add_record_flag(ap)
     args = ap.parse_args()
     phases = set(args.only or PHASES)
 
@@ -591,6 +599,8 @@ def main() -> None:
         stats = get_json(args.url, f"/v2/models/{MODEL}/stats")[1]
         print(f"\nserver stats: {stats['stats']}")
         print(f"server pauses (GC per generation, event-loop lag over the last minute): {stats['pauses']}")
+        if args.record and FIGURES:
+            record("serve", "serving over HTTP, 1,000-candidate requests (bench/serve.py)", FIGURES)
     finally:
         if proc is not None:
             proc.terminate()

@@ -5,6 +5,9 @@ in alternation compare. Each round sends one burst to every server in turn (``--
 ``--per-client`` 1,000-candidate requests each, the bench world's healthy users) and records the server's CPU
 seconds per request (its process and its child processes, from /proc) and the burst's requests per second; medians
 over ``--rounds``. With ``--rate R`` each burst is open loop instead (R requests/s, a p99 instead of req/s).
+``--overload N`` then sends each server one closed-loop burst from N clients (several times its admission slots)
+and prints its status counts and the share of its 200s that were degraded, by reason (issue 35: 31% answered
+``feature_store_busy`` while the store was healthy).
 
     # two servers on one bench world (bench/serve.py --build-world /tmp/gemflow-bench built it), e.g. main vs a branch
     .venv/bin/python -m gemflow.cli serve --workspace /tmp/gemflow-bench/ws --model-uri /tmp/gemflow-bench/ranker \\
@@ -21,9 +24,11 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import orjson
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -94,6 +99,26 @@ def open_burst(
     return 1e3 * (cpu_seconds(proc) - cpu0) / n, float(np.percentile(took, 99))
 
 
+def overload(port: int, bodies: list[bytes], clients: int, per_client: int) -> tuple[Counter, Counter]:
+    """(status counts, degraded reasons among the 200s) of one closed-loop burst from ``clients`` clients."""
+    statuses, reasons, lock = Counter(), Counter(), threading.Lock()
+
+    def run(k: int) -> None:
+        conn = Client(f"http://127.0.0.1:{port}")
+        for i in range(per_client):
+            status, body = conn.post(PREDICT, bodies[(i * clients + k) % len(bodies)])
+            fb = orjson.loads(body)["fallback"] if status == 200 else None
+            with lock:
+                statuses[status] += 1
+                if fb is not None:
+                    reasons.update(fb["reasons"] if fb["degraded"] else ["(not degraded)"])
+        conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(run, range(clients)))
+    return statuses, reasons
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ports", required=True, help="comma-separated ports of running servers (127.0.0.1)")
@@ -105,6 +130,9 @@ def main() -> None:
         type=float,
         default=0.0,
         help="> 0: open-loop bursts at this many requests/s (clients x per-client requests each)",
+    )
+    ap.add_argument(
+        "--overload", type=int, default=0, help="> 0: then one closed-loop burst from this many clients"
     )
     ap.add_argument("--candidates", type=int, default=1000)
     ap.add_argument("--num-ads", type=int, default=6000)
@@ -131,6 +159,14 @@ def main() -> None:
         print(f"  port {p}: server CPU {statistics.median(cpu):.2f} ms/request (median; rounds "
               f"{' '.join(f'{x:.2f}' for x in cpu)}), "
               + (f"p99 {second:.1f} ms median" if args.rate > 0 else f"{second:.0f} req/s median"))  # fmt: skip
+    for p in ports if args.overload > 0 else []:
+        statuses, reasons = overload(p, bodies, args.overload, args.per_client)
+        answered = statuses[200]
+        degraded = answered - reasons["(not degraded)"]
+        print(
+            f"  port {p}, {args.overload} closed-loop clients: statuses {dict(sorted(statuses.items()))}, degraded "
+            f"{degraded}/{answered} of the 200s ({100 * degraded / max(answered, 1):.1f}%), reasons {dict(reasons)}"
+        )
 
 
 if __name__ == "__main__":

@@ -31,15 +31,10 @@ Those profiled steps are left out of the throughput figures.
 Compiled configurations (``distributed.compile=on``: ``models.compile``) run the same steps with the dense
 tower's per-token work compiled by inductor; their first step (compile) is printed apart, and the NE of
 compiled vs eager at the same seed (goal: within 0.2%). ``--only`` picks configurations by name.
-Goals (issue 18): MFU >= 30% of the GEMM peak at d_model >= 256; scaling efficiency >= 0.85.
+Goals (issue 18): MFU >= 30% of the GEMM peak of the precision that ran, at d_model >= 256; scaling efficiency >= 0.85.
 The wall-clock figures of record: ``OMP_NUM_THREADS=1 .venv/bin/python bench/train.py --steps 12`` on a quiet
 machine (about 2-3 minutes: five launches of ~20-30 s each, the emulated-FP8 one ~40 s).
-Last measured (docs/training-speed.md, shared 2-core Zen 5, bf16, CPU clock, median of 3; ``--only`` the 1- and
-2-rank configurations, ``--steps 12``): share outside GEMMs, 1 rank, d_model 256 52.7% -> 38.6%, 512 42.7% -> 28.5%;
-2 ranks (per rank) 61% -> 49-52% and 48-51% -> 36%; CPU tokens/s 1 rank +20% at both widths; 2-rank scaling
-(CPU) 0.69 -> 0.80 and 0.79 -> 0.86. On an AMX Xeon (round 7: bf16 GEMM peak 1.33 TFLOP/s a core), ``--steps 30``,
-after the linears' row bucketing: 1 rank 13,700 tokens/s at d 256 (MFU 12%), 5,300 at d 512 (19%); 2-rank scaling
-0.71.
+The current figures: docs/benchmarks.md (``--record`` writes them there); what they decided: docs/training-speed.md.
 """
 
 from __future__ import annotations
@@ -55,6 +50,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from report import add_record_flag, record  # noqa: E402
 
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
@@ -187,6 +184,7 @@ def main() -> None:
     )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--only", nargs="*", default=None, help="subset of the configuration names")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.only:  # names before the precision became a choice ended in ", bf16"; ZeRO-0 is now the default's
         args.only = [RENAMED.get(n, n) for n in (name.removesuffix(", bf16") for name in args.only)]
@@ -274,6 +272,26 @@ def main() -> None:
     if plain:
         print(f"best MFU: wall {max(r['mfu'] for r in plain):.1%}, cpu {max(r['mfu_cpu'] for r in plain):.1%} "
               f"of the {args.precision} peak of the cores used (goal >= 30% at d_model >= 256)")  # fmt: skip
+    if args.record:
+        record_figures(args, results, peak_wall, peak_cpu)
+
+
+def record_figures(args, results: dict, peak_wall: float, peak_cpu: float) -> None:
+    """The headline figures into docs/benchmarks.md; MFU only against the peak of the precision that ran."""
+    p = args.precision
+    rows = [(f"1-core {p} GEMM peak (1024^3, 1 thread), the MFU denominator", f"{peak_wall * 1e3:.1f} GFLOP/s wall, {peak_cpu * 1e3:.1f} per CPU-s")]  # fmt: skip
+    for name, r in results.items():
+        rows.append((f"d {args.d_model}, {name}, {p}: tokens/s wall / cpu, MFU of the {p} peak wall / cpu, valid NE",
+                     f"{r['tokens_per_second']:.0f} / {r['tokens_per_critical_cpu_second']:.0f}, "
+                     f"{r['mfu']:.1%} / {r['mfu_cpu']:.1%}, {r['valid_ne']:.4f}"))  # fmt: skip
+    one, two = results.get("1 rank x 1 core"), results.get("2 ranks x 1 core")
+    if one and two:
+        wall = two["tokens_per_second"] / (2 * one["tokens_per_second"])
+        cpu = two["tokens_per_critical_cpu_second"] / (2 * one["tokens_per_critical_cpu_second"])
+        rows.append((f"d {args.d_model}, 2-rank scaling efficiency, {p}", f"{wall:.2f} wall, {cpu:.2f} cpu"))
+    record(
+        f"train.d{args.d_model}.{p}", f"distributed training, d_model {args.d_model} (bench/train.py)", rows
+    )
 
 
 def print_accounts(results: dict, first: int) -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report import add_record_flag, record  # noqa: E402
+
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="*", default=None, help="subset of the row names (baseline always runs)"
     )
+    add_record_flag(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     root = args.workdir or Path(tempfile.mkdtemp(prefix="gemflow-train-table-"))
@@ -108,6 +111,10 @@ def main() -> None:
         verdict = "within" if rel < 0.01 else "NOT within"
         print(f"\nfull 2-process run vs 1-process bf16: {rel:.2%} relative ({verdict} the 1% goal)")
     print(f"total CPU: {sum(r['cpu_s'] for r in results.values()) / 60:.1f} core-min")
+    if args.record:
+        rows = [(f"{name}: valid NE (vs baseline), test NE", f"{r['valid_ne']:.4f} ({r['valid_ne'] / base - 1:+.2%}), {r['test_ne']:.4f}")
+                for name, r in results.items()]  # fmt: skip
+        record("train_table", "distributed-training features, validation NE (bench/train_table.py)", rows)
 
 
 if __name__ == "__main__":

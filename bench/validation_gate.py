@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from report import add_record_flag, record
 
 from features.schema import ACTIONS, DEFECTS, SURFACES
 from features.sources.defects import inject_defects
@@ -56,7 +57,9 @@ def synthetic_events(n: int, num_ads: int, seed: int = 0) -> tuple[pd.DataFrame,
     return events, ads
 
 
-def run(name: str, events: pd.DataFrame, ads: pd.DataFrame, config: GateConfig, report_dir: Path) -> None:
+def run(
+    name: str, events: pd.DataFrame, ads: pd.DataFrame, config: GateConfig, report_dir: Path
+) -> tuple[str, str]:
     started, cpu_started = time.perf_counter(), time.process_time()
     try:
         result = validate_partition(
@@ -71,6 +74,7 @@ def run(name: str, events: pd.DataFrame, ads: pd.DataFrame, config: GateConfig, 
         f"quarantined={len(result.quarantined):>7,} {verdict:<6} wall {seconds:6.2f} s  cpu {cpu:6.2f} s  "
         f"{len(events) / seconds:>11,.0f} rows/s"
     )
+    return f"{name}: {len(events):,} rows, {verdict}", f"{len(events) / seconds:,.0f} rows/s, {cpu:.2f} s CPU"
 
 
 def main() -> None:
@@ -81,6 +85,7 @@ def main() -> None:
         "--rate", type=float, default=0.002, help="rate per defect class in the dirty scenario"
     )
     parser.add_argument("--no-data-docs", action="store_true")
+    add_record_flag(parser)
     args = parser.parse_args()
 
     events, ads = synthetic_events(args.rows, args.ads)
@@ -89,8 +94,12 @@ def main() -> None:
     dirty, counts = inject_defects(events, rates, day=DAY, ads=ads, rng=np.random.default_rng(1))
     print(f"data docs: {config.data_docs}; injected per class: {counts}")
     with tempfile.TemporaryDirectory() as tmp:
-        run("clean", events, ads, config, Path(tmp))
-        run("all defects", dirty, ads, config, Path(tmp))
+        rows = [
+            run("clean", events, ads, config, Path(tmp)),
+            run("all defects", dirty, ads, config, Path(tmp)),
+        ]
+    if args.record:
+        record("validation_gate", "GX validation gate (bench/validation_gate.py)", rows)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from airflow.sdk import Param, dag
+from airflow.sdk import dag
 from airflow.timetables.interval import CronDataIntervalTimetable
-from gemflow_stage import RAW_LOGS, Embedded, stage_task
+from gemflow_stage import RAW_LOGS, Embedded, optional_param, stage_task
 
 E = Embedded.from_env()
 
@@ -25,7 +25,7 @@ if E.landing == "synthetic":
         catchup=True,  # a fresh platform lands its first days at once
         max_active_runs=1,
         params={
-            "config": Param(E.synthetic_config, type="string", description="SyntheticConfig YAML (sizes)."),
+            "config": optional_param(E.synthetic_config, "SyntheticConfig YAML (sizes); empty = defaults."),
         },
         doc_md=__doc__,
         tags=["gemflow", "landing"],
@@ -36,7 +36,7 @@ if E.landing == "synthetic":
             "land-synthetic",
             "--date", "{{ ds }}",
             "--epoch", E.start_date.date().isoformat(),
-            "--config", "{{ params.config }}",
+            "--config", "{{ params.config or '' }}",
             outlets=(RAW_LOGS,),
             metadata={"day": "{{ ds }}"},
             retries=1,

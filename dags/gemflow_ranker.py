@@ -24,6 +24,7 @@ from gemflow_stage import (
     StageSettings,
     event_value,
     gate_params,
+    optional_param,
     stage_task,
     trigger_params,
 )
@@ -41,9 +42,7 @@ USER_VERSION = event_value("user_model_version", "''", "last")
     catchup=False,
     max_active_runs=1,
     params={
-        "config": Param(
-            E.ranker_config, type="string", description="Ranker training YAML; empty = defaults."
-        ),
+        "config": optional_param(E.ranker_config, "Ranker training YAML; empty = defaults."),
         "nproc": Param(
             E.nproc, type="integer", minimum=1, maximum=64, description="Embedding backfill workers."
         ),
@@ -72,7 +71,8 @@ def gemflow_ranker():
     )  # fmt: skip
     train = stage_task(
         "train_ranker", "train", "--model", "ranker", "--training-set", f"ranker-{RUN}",
-        "--config", "{{ params.config }}", "--set", f"tracking.run_name=ranker-{RUN}",
+        "--config", "{{ params.config or '' }}", "--set", f"tracking.run_name=ranker-{RUN}",
+        "--resume",  # the folder is this DAG run's own: a retry continues it
         timeout=dt.timedelta(hours=2),
     )  # fmt: skip
     register = stage_task(

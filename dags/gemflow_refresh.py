@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
-from gemflow_stage import CHAMPION, EMBEDDINGS, FEATURES, Embedded, event_value, stage_task
+from gemflow_stage import CHAMPION, EMBEDDINGS, FEATURES, Embedded, event_value, optional_param, stage_task
 
 E = Embedded.from_env()
 
@@ -25,7 +25,7 @@ E = Embedded.from_env()
     max_active_runs=1,
     params={
         "model_uri": Param("models:/gem-user-model@champion", type="string", description="The user model."),
-        "date": Param("", type="string", description="Day to refresh (YYYY-MM-DD); empty = the latest."),
+        "date": optional_param("", "Day to refresh (YYYY-MM-DD); empty = the latest."),
         "nproc": Param(E.nproc, type="integer", minimum=1, maximum=64, description="Worker processes."),
     },
     doc_md=__doc__,

@@ -12,7 +12,15 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
-from gemflow_stage import CHAMPION, USER_MODEL, Embedded, event_value, gate_params, stage_task
+from gemflow_stage import (
+    CHAMPION,
+    USER_MODEL,
+    Embedded,
+    event_value,
+    gate_params,
+    optional_param,
+    stage_task,
+)
 
 E = Embedded.from_env()
 
@@ -25,10 +33,8 @@ E = Embedded.from_env()
     max_active_runs=1,
     params={
         "kind": Param("user", type="string", enum=["user", "ranker"], description="Which model family."),
-        "run_dir": Param("", type="string", description="A run folder; empty = the newest of that kind."),
-        "training_set": Param(
-            "", type="string", description="Held-out data the gate judges on; empty = the run's."
-        ),
+        "run_dir": optional_param("", "A run folder; empty = the newest of that kind."),
+        "training_set": optional_param("", "Held-out data the gate judges on; empty = the run's."),
         **gate_params(E),
     },
     doc_md=__doc__,

@@ -92,10 +92,17 @@ class Embedded:
 RUN = "{{ dag_run.run_id | replace(':', '-') | replace('+', '-') }}"
 
 
+def optional_param(default: str, description: str) -> Param:
+    """A string param the trigger form may leave empty. Airflow's form marks every field whose schema type does
+    not allow null as required, and keeps Trigger disabled while one is empty; an empty field is sent as null.
+    Templates read it as ``params.<name> or ''`` (``event_value`` does), so empty drops the flag (``_drop_empty``)."""
+    return Param(default or None, type=["null", "string"], description=description)
+
+
 def trigger_params() -> dict[str, Param]:
     """The trigger rule's params (``gemflow train-due``), shared by the user-model and ranker DAGs."""
     return {
-        "through": Param("", type="string", description="Last day to train on (YYYY-MM-DD); empty = newest."),
+        "through": optional_param("", "Last day to train on (YYYY-MM-DD); empty = newest."),
         "min_days": Param(
             3, type="integer", minimum=3, description="Ingested days needed before a first training."
         ),
@@ -168,7 +175,7 @@ def event_value(key: str, default: str, agg: str = "max") -> str:
         f"{{%- if e.extra and e.extra.get({key!r}) is not none -%}}"
         f"{{%- set ns.v = ns.v + [e.extra[{key!r}] | string] -%}}"
         "{%- endif -%}{%- endfor -%}{%- endfor -%}{%- endif -%}"
-        f"{{{{ (ns.v | {agg}) if ns.v else ({default}) }}}}"
+        f"{{{{ (ns.v | {agg}) if ns.v else (({default}) if ({default}) is not none else '') }}}}"
     )
 
 

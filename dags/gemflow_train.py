@@ -25,6 +25,7 @@ from gemflow_stage import (
     Embedded,
     StageSettings,
     event_value,
+    optional_param,
     stage_task,
     trigger_params,
 )
@@ -44,9 +45,7 @@ THROUGH = event_value("day", "params.through")  # the newest day the triggering 
         "nproc": Param(
             E.nproc, type="integer", minimum=1, maximum=64, description="Training ranks (processes)."
         ),
-        "config": Param(
-            E.user_config, type="string", description="Training YAML; empty = TrainRunConfig defaults."
-        ),
+        "config": optional_param(E.user_config, "Training YAML; empty = TrainRunConfig defaults."),
         **trigger_params(),
     },
     doc_md=__doc__,
@@ -70,8 +69,9 @@ def gemflow_train():
         "--model", "user",
         "--training-set", f"user-{RUN}",
         "--nproc", "{{ params.nproc }}",
-        "--config", "{{ params.config }}",
+        "--config", "{{ params.config or '' }}",
         "--set", f"tracking.run_name=user-{RUN}",
+        "--resume",  # the folder is this DAG run's own: a retry continues it
         outlets=(USER_MODEL,),
         metadata={"run_dir": f"{WS}/models/user/user-{RUN}", "training_set": f"user-{RUN}", "through": THROUGH},
         timeout=dt.timedelta(hours=3),

@@ -59,6 +59,9 @@ class RankerConfig:
     num_heads: int = 4
     dropout: float = 0.0
     recent_events: int = 64  # fresh events read at request time (features.schema.RECENT_EVENTS)
+    # Fresh events count only once older than this many seconds (``models.transforms.fresh_cutoff``), in
+    # training as in serving: the event path's visibility budget (its p99 is under 1 s).
+    fresh_delay_s: int = 1
     time_buckets: int = 32
     ffn_mult: int = 2  # query-side FFN width: it runs once per candidate, so it sets the serving cost
     interaction_layers: int = 0  # self-attention layers over one candidate's 6 head tokens (cost per cand)
@@ -138,7 +141,9 @@ class TrainRunConfig:
     training_set: str = "default"  # ws.training(<name>) or a path to a training-set folder
     output_dir: str = ""  # "" = <workspace>/models/<model>/<run name>
     split_mode: str = "time"  # "time" (the set's split column) | "leave_one_out" (positive-only logs)
-    resume: bool = True  # continue from output_dir/checkpoint.pt when it exists
+    # False = a new run (a new folder when the default one is taken); True = continue the run folder's
+    # checkpoint, refused when its config.yaml differs in a key that shapes the model or data (models.run_folder)
+    resume: bool = False
     user_model: UserModelConfig = field(default_factory=UserModelConfig)
     ranker: RankerConfig = field(default_factory=RankerConfig)
     sasrec: SASRecConfig = field(default_factory=SASRecConfig)

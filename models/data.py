@@ -22,7 +22,7 @@ import torch
 
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
-from models.transforms import lengths, normalize_age, time_bucket
+from models.transforms import fresh_cutoff, lengths, normalize_age, previous_gaps, time_bucket
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Events:
     category_id: torch.Tensor
     advertiser_id: torch.Tensor
     ts: torch.Tensor  # int64 seconds
-    gap_bucket: torch.Tensor  # bucketed time gap (to the sequence's last event, or to the request time)
+    gap_bucket: torch.Tensor  # bucketed time gap (to the event before it, or to the request time)
     offsets: torch.Tensor
 
     @property
@@ -248,19 +248,47 @@ class TrainingSet:
         num_buckets: int,
         *,
         gap_to: str,
-        last_n: int | None = None,
         cuts: np.ndarray | None = None,
+        fresh_delay_s: int | None = None,
     ) -> Events:
-        """Each example's events ``[max(0, cut - L), cut)``, flat. ``gap_to``: "last" event or "request" time.
+        """Each example's events ``[max(0, cut - L), cut)``, flat, read at the example's time (``events_at``).
         ``cuts`` replaces the examples' own cuts (e.g. ``snapshot_cuts``: the history as of an earlier time)."""
         ex = self.examples
-        user_row = ex["user_row"].to_numpy()[rows]
         cut = ex["cut"].to_numpy()[rows] if cuts is None else np.asarray(cuts, np.int64)
-        take = min(max_len, last_n) if last_n else max_len
+        return self.events_at(
+            ex["user_row"].to_numpy()[rows], cut, ex["ts"].to_numpy()[rows], max_len, num_buckets,
+            gap_to=gap_to, fresh_delay_s=fresh_delay_s,
+        )  # fmt: skip
+
+    def events_at(
+        self,
+        user_row: np.ndarray,
+        cut: np.ndarray,
+        request_ts: np.ndarray,
+        max_len: int,
+        num_buckets: int,
+        *,
+        gap_to: str,
+        fresh_delay_s: int | None = None,
+    ) -> Events:
+        """The last ``max_len`` of each user's first ``cut`` events, as a model reads them at ``request_ts``.
+
+        ``gap_to``: "previous" event (the user model: causal) or "request" time (the ranker: every event is
+        older than the request). ``fresh_delay_s`` (the ranker): only the events the online store serves at
+        ``request_ts`` (``fresh_cutoff``: older than the push path's latency budget), the rule serving applies
+        to the store's list (``serving.inputs.recent_events``)."""
+        user_row = np.asarray(user_row, np.int64)
+        if fresh_delay_s is not None:
+            cut = np.minimum(cut, self._events_before(user_row, fresh_cutoff(request_ts, fresh_delay_s)))
         base = self.seq_offsets[user_row]
-        start = base + np.maximum(0, cut - take)
-        end = base + cut
-        return self._events(start, end, num_buckets, gap_to, ex["ts"].to_numpy()[rows])
+        return self._events(base + np.maximum(0, cut - max_len), base + cut, num_buckets, gap_to, request_ts)
+
+    def _events_before(self, user_row: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """How many of each user's events happened strictly before ``ts`` (seconds)."""
+        keys = self._user_time_keys()
+        user_row = np.asarray(user_row, np.int64)
+        found = np.searchsorted(keys, (user_row << 32) + np.maximum(ts, 0), side="left")
+        return found - self.seq_offsets[user_row]
 
     def snapshot_cuts(self, rows: np.ndarray, every_s: int = DAY_S) -> np.ndarray:
         """Each example's cut as of the start of its ``every_s`` period (UTC days by default): how many of its
@@ -269,9 +297,7 @@ class TrainingSet:
         ex = self.examples
         user_row = ex["user_row"].to_numpy(np.int64)[rows]
         ts = ex["ts"].to_numpy(np.int64)[rows]
-        boundary = ts - np.mod(ts, every_s)
-        keys = self._user_time_keys()
-        found = np.searchsorted(keys, (user_row << 32) + boundary, side="left") - self.seq_offsets[user_row]
+        found = self._events_before(user_row, ts - np.mod(ts, every_s))
         return np.minimum(found, ex["cut"].to_numpy(np.int64)[rows])
 
     def _user_time_keys(self) -> np.ndarray:
@@ -297,12 +323,12 @@ class TrainingSet:
         np.cumsum(lens, out=offsets[1:])
         idx = np.repeat(start - offsets[:-1], lens) + np.arange(offsets[-1])
         vals = {f: self.seq_values[f][idx] for f in HISTORY_FIELDS}
-        if gap_to == "last":
-            last = np.where(lens > 0, self.seq_values["ts"][np.maximum(end - 1, 0)], 0)
-            anchor = np.repeat(last, lens)
+        if gap_to == "previous":
+            gap = time_bucket(previous_gaps(vals["ts"], offsets), num_buckets)
+        elif gap_to == "request":
+            gap = time_bucket(np.repeat(request_ts, lens) - vals["ts"], num_buckets)
         else:
-            anchor = np.repeat(request_ts, lens)
-        gap = time_bucket(anchor - vals["ts"], num_buckets)
+            raise ValueError(f"gap_to must be 'previous' or 'request', got {gap_to!r}")
         t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in vals.items()}
         return Events(**t, gap_bucket=torch.from_numpy(gap), offsets=torch.from_numpy(offsets))
 
@@ -409,9 +435,9 @@ def _align_ranker(ranker: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------------------------- batching
 class BatchBuilder:
-    """Turns example rows into a ``Batch``: the user model reads the long history (gaps to its last event,
-    so the user embedding does not depend on when it is computed); the ranker reads the recent events (gaps to
-    the request time) plus cached user tokens.
+    """Turns example rows into a ``Batch``: the user model reads the long history (each event's gap to the one
+    before it: causal, and the user embedding does not depend on when it is computed); the ranker reads the
+    recent events (gaps to the request time) plus cached user tokens.
 
     ``snapshot="day"`` (user model): every example reads its user's history as of the start of its day, the
     history a daily embedding refresh holds, and each run of consecutive rows of one user-day becomes ONE
@@ -430,12 +456,18 @@ class BatchBuilder:
         user_present: np.ndarray | None = None,
         num_user_tokens: int = 0,
         snapshot: str = "example",
+        fresh_delay_s: int | None = None,
+        fresh_as_of_day: bool = False,
     ):
         if snapshot not in SNAPSHOTS:
             raise ValueError(f"snapshot must be one of {sorted(SNAPSHOTS)}, got {snapshot!r}")
         if SNAPSHOTS[snapshot] and user_embeddings is not None:
             raise ValueError("snapshot batches are for the user model; cached user tokens are per example")
-        self.snapshot_every = SNAPSHOTS[snapshot]
+        if fresh_delay_s is not None and gap_to != "request":
+            raise ValueError("fresh_delay_s is the ranker's (gap_to='request'): what the online store serves")
+        self.snapshot_every, self.fresh_delay_s = SNAPSHOTS[snapshot], fresh_delay_s
+        # evaluation only: the ranker's fresh events as a daily-only online store holds them (the day's start)
+        self.fresh_as_of_day = fresh_as_of_day
         self.data = data
         self.history_len, self.time_buckets, self.gap_to = history_len, time_buckets, gap_to
         self.dense = dense.apply(data.dense_frame())
@@ -471,7 +503,9 @@ class BatchBuilder:
             return self._snapshot_batch(rows)
         d = self.data
         batch = Batch(
-            history=d.history(rows, self.history_len, self.time_buckets, gap_to=self.gap_to),
+            history=d.history(rows, self.history_len, self.time_buckets, gap_to=self.gap_to,
+                              cuts=d.snapshot_cuts(rows) if self.fresh_as_of_day else None,
+                              fresh_delay_s=self.fresh_delay_s),  # fmt: skip
             candidates=d.candidates(rows, self.dense),
             labels=d.labels(rows),
             profile=d.profile(rows, self.age),

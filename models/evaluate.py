@@ -173,14 +173,18 @@ def popularity_leave_one_out(
     return rank_metrics(scores[:, 0], scores[:, 1:], ks)
 
 
-def load_for_evaluation(run_dir: str | Path, training_set: str | Path):
-    """The trained bundle, the training set and a batch builder that reads it the way the model was trained."""
+def load_for_evaluation(run_dir: str | Path, training_set: str | Path, fresh_as_of: str = "served"):
+    """The trained bundle, the training set and a batch builder that reads it the way the model was trained.
+    ``fresh_as_of`` (a ranker): "served" reads the fresh events the online store serves with the event path (the
+    trained rule), "day" those of a store written once a day (each example's history before its day's start)."""
+    if fresh_as_of not in ("served", "day"):
+        raise ValueError(f"fresh_as_of must be 'served' or 'day', got {fresh_as_of!r}")
     bundle = load_bundle(run_dir)
     data = TrainingSet(Path(training_set), require_ranker=bundle.kind == "ranker")
     cfg = bundle.cfg
     if bundle.kind == "user":
         builder = BatchBuilder(
-            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
         )
     else:
         emb, present = None, None
@@ -193,5 +197,6 @@ def load_for_evaluation(run_dir: str | Path, training_set: str | Path):
         builder = BatchBuilder(
             data, bundle.dense, history_len=cfg.recent_events, time_buckets=cfg.time_buckets, gap_to="request",
             user_embeddings=emb, user_present=present, num_user_tokens=cfg.num_user_tokens,
+            fresh_delay_s=cfg.fresh_delay_s, fresh_as_of_day=fresh_as_of == "day",
         )  # fmt: skip
     return bundle, data, builder

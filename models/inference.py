@@ -141,7 +141,7 @@ def embed_examples(bundle: ModelBundle, data: TrainingSet, batch_size: int = 512
         raise ValueError("cached user embeddings come from a user model, got a ranker")
     model, cfg = bundle.model, bundle.cfg
     builder = BatchBuilder(
-        data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+        data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
     )
     rows = np.arange(len(data.examples))
     out = []

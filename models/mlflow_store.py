@@ -113,20 +113,38 @@ def _present(con: sqlite3.Connection, columns) -> list[tuple[str, str]]:
     return out
 
 
+# MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, prompts); ours train models
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# MLflow 3.17's UI also has a global GenAI / Model-training switch (GenAI unless the browser stored another
+# choice); a link with this query opens the model-training view whatever the browser stored
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_link(server_url: str, path: str = "/experiments") -> str:
+    """A link into the MLflow UI at ``server_url`` that opens the model-training view."""
+    return f"{server_url}/#{path}?{MODEL_TRAINING_VIEW}"
+
+
 def experiment_id(client, name: str, store: Store) -> str:
-    """The experiment ``name``, created with the store's artifact root when it does not exist yet."""
+    """The experiment ``name``, created with the store's artifact root when it does not exist yet, and tagged as
+    model development (``EXPERIMENT_KIND``) so the UI opens its model-training view."""
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=store.artifact_root)
-    except MlflowException:  # created meanwhile by another process (a parallel sweep point)
-        experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=store.artifact_root, tags=EXPERIMENT_KIND)
+        except MlflowException:  # created meanwhile by another process (a parallel sweep point)
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    for key, value in EXPERIMENT_KIND.items():
+        if key not in experiment.tags:  # created before the tag was set
+            try:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+            except MlflowException as err:  # an auth server: another user's experiment (a cosmetic tag)
+                log.debug("experiment %s not tagged %s: %s", name, key, err)
+    return experiment.experiment_id
 
 
 def activate(tracking_uri: str) -> None:

@@ -19,6 +19,7 @@ from models.config import TrackingConfig
 
 RUN_RECORD = "mlflow_run.json"
 RUN_DIR_TAG = "gemflow.run_dir"  # the run folder, relative to the workspace root when inside it
+BEST_STEP_TAG = "gemflow.best_step"  # the step the best evaluation was logged at: the logged model's metrics
 
 
 class RunRecordError(ValueError):
@@ -60,6 +61,17 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def training_dataset(data):
+    """The MLflow dataset of a training set (``models.data.TrainingSet``): a sample of its examples with the manifest,
+    sourced at its folder. Training logs it as the run's input; registration logs the same one (same digest)."""
+    import mlflow
+
+    manifest = {k: v for k, v in data.manifest.items() if not isinstance(v, dict | list)}
+    frame = data.examples[["example_id", "user_id", "ad_id", "ts", "click", "conversion", "split"]]
+    frame = frame.assign(manifest=json.dumps(manifest, sort_keys=True)).head(1000)  # a sample, not the data
+    return mlflow.data.from_pandas(frame, source=str(data.path), name=data.path.name, targets="click")
 
 
 class Tracker:
@@ -105,6 +117,15 @@ class Tracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         if self.enabled:
             self.mlflow.set_tags(tags)
+
+    def log_training_set(self, data) -> None:
+        """Log the training set as the run's input (MLflow's "Datasets used"), at the start of training."""
+        if self.enabled:
+            self.mlflow.log_input(training_dataset(data), context="training")
+
+    def mark_best(self, step: int) -> None:
+        """Record the step of the best evaluation: registration links that step's metrics to the logged model."""
+        self.set_tags({BEST_STEP_TAG: str(int(step))})
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self.enabled:

@@ -13,7 +13,8 @@ Adagrad inside backward (torchrec ``apply_optimizer_in_backward``), dense parame
 task trains its embeddings with AdamW too (under row-wise Adagrad at the click task's rates they barely left
 their random start).
 A checkpoint (model, both optimizers, epoch/step, RNG, early-stopping state, MLflow run id) is written
-atomically after every epoch; rerunning the same command resumes from it. Outputs in the run folder:
+atomically after every epoch; rerunning the command with ``--resume`` continues from it (without, it trains a new run
+in a new folder; ``models.run_folder``). Outputs in the run folder:
 ``model.pt`` (best weights), ``checkpoint.pt``, ``config.yaml``, ``metrics.json``, ``history.json``, plots.
 """
 
@@ -34,6 +35,7 @@ from torch import nn
 
 from gemflow.config import save_config
 from gemflow.workspace import Workspace
+from models import run_folder
 from models.config import TrainRunConfig, resolve_user_model, validate
 from models.data import SNAPSHOTS, BatchBuilder, DenseSpec, TrainingSet, leave_one_out_split
 from models.inference import (
@@ -120,7 +122,7 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
     if cfg.model == "user":
         mc = cfg.user_model
         builder = BatchBuilder(
-            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="last",
+            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="previous",
             snapshot=mc.snapshot,
         )  # fmt: skip
     else:
@@ -133,7 +135,7 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
         builder = BatchBuilder(
             data, dense, history_len=mc.recent_events, time_buckets=mc.time_buckets, gap_to="request",
             user_embeddings=user_embeddings if mc.use_user_tokens else None, user_present=present,
-            num_user_tokens=mc.num_user_tokens,
+            num_user_tokens=mc.num_user_tokens, fresh_delay_s=mc.fresh_delay_s,
         )  # fmt: skip
     model = build_model(cfg.model, mc, data.vocab, len(dense.columns), token_dim)
     init_output_bias(model, data.labels(train_rows).numpy().mean(0))
@@ -193,7 +195,7 @@ def user_tokens_per_example(bundle: ModelBundle, data: TrainingSet, batch_size: 
     with torch.no_grad():
         for chunk in batches(np.arange(len(head)), batch_size, "embed user-days"):
             h = data.history(
-                head[chunk], cfg.max_history, cfg.time_buckets, gap_to="last", cuts=cuts[head[chunk]]
+                head[chunk], cfg.max_history, cfg.time_buckets, gap_to="previous", cuts=cuts[head[chunk]]
             )
             user_id = torch.from_numpy(data.examples["user_id"].to_numpy(np.int64)[head[chunk]])
             out.append(model.encode_user(h, user_id).flatten(1))
@@ -273,8 +275,21 @@ def default_run_name(cfg: TrainRunConfig) -> str:
     return cfg.tracking.run_name or f"{cfg.model}-{Path(cfg.training_set).name}"
 
 
+def mlflow_run_name(cfg: TrainRunConfig, run_dir: Path) -> str:
+    """The MLflow run's name: as configured, else the default folder's name (``user-fx-2`` for a second run)."""
+    return cfg.tracking.run_name or (default_run_name(cfg) if cfg.output_dir else run_dir.name)
+
+
 def run_dir_for(cfg: TrainRunConfig, ws: Workspace) -> Path:
-    return Path(cfg.output_dir) if cfg.output_dir else ws.root / "models" / cfg.model / default_run_name(cfg)
+    """The folder this invocation trains in, checked for a resume (``models.run_folder``); writes nothing."""
+    run_dir = run_folder.choose(cfg, ws, default_run_name(cfg))
+    if cfg.resume:
+        run_folder.check_resume(cfg, run_dir, lambda a, b: _same_set(a, b, ws))
+    return run_dir
+
+
+def _same_set(a: str, b: str, ws: Workspace) -> bool:
+    return a == b or resolve_training_set(a, ws).resolve() == resolve_training_set(b, ws).resolve()
 
 
 class ClickTask:
@@ -354,7 +369,11 @@ class LocalStrategy:
         if not path.exists():
             return None
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        self.model.load_state_dict(ckpt["model"])
+        try:
+            self.model.load_state_dict(ckpt["model"])
+        except RuntimeError as err:  # a checkpoint of another shape that the config check could not see
+            first = str(err).strip().splitlines()[-1].strip()
+            raise run_folder.ResumeRefused(f"cannot resume {path}: it holds another model ({first})") from err
         self.dense_opt.load_state_dict(ckpt["optimizer"])
         load_sparse_optimizer_state(self.sparse, ckpt["sparse_optimizer"])
         torch.set_rng_state(ckpt["rng"])
@@ -428,21 +447,24 @@ def loop_state(saved: dict) -> LoopState:
 
 
 def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None) -> TrainResult:
+    run_dir = run_dir_for(cfg, ws)  # refuses a resume with another config before anything is built or written
     task = make_task(cfg, ws, user_embeddings)
-    run_dir = run_dir_for(cfg, ws)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir)
     strategy = LocalStrategy(task, cfg, run_dir)
     state = (strategy.resume() if cfg.resume else None) or LoopState()
     if state.step or state.history:
         log.info("resumed %s at epoch %d step %d", run_dir, state.epoch, state.step)
+    else:
+        log.info("new run in %s", run_dir)
+    save_config(cfg, run_dir)  # only now: the model (and any checkpoint it resumes) has loaded
 
-    tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state.run_id)
+    tracker = Tracker(cfg.tracking, ws, mlflow_run_name(cfg, run_dir), run_id=state.run_id)
     strategy.tracker = tracker
     state.run_id = tracker.run_id
     tracker.record(run_dir)  # the run id registration resumes (models.registry)
     task.bundle.version = tracker.run_id or run_dir.name
     tracker.log_config(cfg)
+    if isinstance(task, ClickTask):
+        tracker.log_training_set(task.setup.data)
     tracker.log_params({"train_examples": task.num_train, "selection_metric": task.select,
                         "dense_features": ",".join(task.bundle.dense.columns) or "-"})  # fmt: skip
     if task.bundle.user_model_version:
@@ -469,6 +491,7 @@ def _finish(task, run_dir: Path, state: LoopState, tracker: Tracker) -> TrainRes
     (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
     (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
     tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.epoch)
+    tracker.mark_best(state.best_epoch)  # evaluations are logged at step = epoch
     plots = task.plots(best, state.history, run_dir)
     for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
         tracker.log_artifact(path)

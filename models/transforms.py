@@ -24,7 +24,7 @@ def time_bucket(gap_seconds, num_buckets: int, out_int32: bool = False):
     """floor(log2(1 + |gap|)) clamped to [0, T - 1]: bucket k >= 1 holds the gaps in [2^k - 1, 2^(k+1) - 1).
 
     Counted by binary search against those exact integer edges (no log2 rounding at powers of two). The token
-    of a history event (its gap to the last event or to the request) and the attention's time bias both use it.
+    of a history event (its gap to the previous event, or to the request) and the attention's time bias use it.
     """
     if not isinstance(gap_seconds, torch.Tensor):  # numpy's own search (through torch: ~5x slower on 64 gaps)
         gap = np.asarray(gap_seconds)
@@ -39,6 +39,30 @@ def time_bucket(gap_seconds, num_buckets: int, out_int32: bool = False):
     gap = gap_seconds.abs().to(wide)
     edges = torch.pow(2, torch.arange(1, num_buckets, device=gap.device, dtype=torch.int64)).sub_(1).to(wide)
     return torch.bucketize(gap, edges, right=True, out_int32=out_int32)
+
+
+def fresh_cutoff(request_ts, delay_s: int):
+    """The ranker reads a fresh event only if its time is before ``fresh_cutoff(request_ts, delay_s)``
+    (seconds), in training and in serving alike.
+
+    ``delay_s`` is the push path's latency budget (an event is visible online within it): reading only events
+    older than that makes serving read what training read whatever the actual latency was. The request's own
+    second is always left out: training cannot tell its events before the impression from those after it."""
+    return np.floor(np.asarray(request_ts, np.float64)).astype(np.int64) - int(delay_s)
+
+
+def previous_gaps(ts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each event's seconds since the event before it in its sequence (0 for a sequence's first event).
+
+    The user model's time token: causal by construction, an event's feature reads only its own time and the
+    one before it, so the state after event t is the same however far the sequence runs past t (a gap to the
+    sequence's *last* event would tell every position how much of the window is still to come)."""
+    ts = np.asarray(ts, np.int64)
+    gap = np.zeros_like(ts)
+    gap[1:] = ts[1:] - ts[:-1]
+    starts = np.asarray(offsets[:-1], np.int64)
+    gap[starts[starts < len(ts)]] = 0  # an empty sequence's start is its successor's start: 0 there too
+    return gap
 
 
 @functools.cache

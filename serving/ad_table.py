@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from features.feature_repo.online_read import online_reader
+from serving.children import Backoff, clean_environ
 from serving.parent_watch import when_parent_exits
+from serving.stats import AD_REFRESH_FAILING, AD_REFRESHES, CHILD_DEATHS, CHILD_RESTARTS
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,9 @@ Loader = Callable[[], AdSnapshot | None]  # None: nothing changed since the load
 class AdTable:
     """Holds the current snapshot and refreshes it with ``loader`` on a daemon thread.
 
+    ``max_failures`` consecutive failed refreshes make the table ``stale`` (the server's readiness turns false: new
+    and paused ads would otherwise be served from an old snapshot for as long as the failures last); 0 = never.
+
     ``initial_loader`` (optional) builds the snapshots until the first one loads: the server is not ready before
     that, so no request needs the GIL it holds, and it must not wait on the low-priority refresh process (spawned,
     imports, ``nice 19``: on a machine at load 10 its first load took over 300 s)."""
@@ -109,6 +114,8 @@ class AdTable:
     refreshes: int = 0
     unchanged: int = 0  # refreshes that found the store unchanged (the snapshot stays)
     failures: int = 0
+    failed_in_a_row: int = 0
+    max_failures: int = 0
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -118,6 +125,10 @@ class AdTable:
     def loaded(self) -> bool:
         return self.refreshes > 0
 
+    @property
+    def stale(self) -> bool:
+        return 0 < self.max_failures <= self.failed_in_a_row
+
     def refresh(self) -> bool:
         """Build and swap in a new snapshot; on failure keep the old one and record why."""
         t0 = time.perf_counter()
@@ -126,6 +137,9 @@ class AdTable:
             snap = load()
         except Exception as err:  # noqa: BLE001 (any store failure must leave serving up)
             self.failures += 1
+            self.failed_in_a_row += 1
+            AD_REFRESHES.labels(outcome="failed").inc()
+            AD_REFRESH_FAILING.set(self.failed_in_a_row)
             self.last_error = f"{type(err).__name__}: {err}"
             log.warning(
                 "ad table refresh failed (keeping the snapshot from %s): %s",
@@ -133,13 +147,15 @@ class AdTable:
                 self.last_error,  # with the type: a timeout's message alone is empty
             )
             return False
+        self.failed_in_a_row = 0
+        AD_REFRESH_FAILING.set(0)
+        self.last_error = None
+        AD_REFRESHES.labels(outcome="unchanged" if snap is None else "loaded").inc()
         if snap is None:
             self.unchanged += 1
-            self.last_error = None
             return True
         self.snapshot = snap
         self.refreshes += 1
-        self.last_error = None
         log.info(
             "ad table: %d ads as of %s (%.0f ms)", snap.num_ads, snap.as_of, 1e3 * (time.perf_counter() - t0)
         )
@@ -176,6 +192,8 @@ class AdTable:
             "refreshes": self.refreshes,
             "unchanged": self.unchanged,
             "failures": self.failures,
+            "failed_in_a_row": self.failed_in_a_row,
+            "stale": self.stale,
             "last_error": self.last_error,
         }
 
@@ -307,43 +325,68 @@ def _init_child(server_pid: int) -> None:
 
 class ProcessLoader:
     """A ``Loader`` running ``make_loader()``'s loader in one long-lived child process (spawned by ``start`` or on
-    first use).
+    first use, with ``serving.children.clean_environ``).
 
     ``make_loader`` must be picklable (a module-level function or a ``functools.partial`` of one). A refresh
     still running after ``timeout_s`` fails this round (the table keeps its snapshot) and the next call waits for
-    that same refresh instead of queueing another; a child that died is replaced on the next call.
+    that same refresh instead of queueing another. A child that died (killed, or its pool broken) fails its refresh
+    and is started again by the first call after ``backoff`` (``serving.children.Backoff``); deaths and restarts
+    are counted in ``/metrics`` (``gemflow_ranker_child_deaths`` / ``_restarts``, ``child="ad_refresh"``).
     """
 
-    def __init__(self, make_loader: Callable[[], Loader], timeout_s: float = 60.0):
+    def __init__(self, make_loader: Callable[[], Loader], timeout_s: float = 60.0, backoff: Backoff | None = None):
         self.make_loader, self.timeout_s = make_loader, timeout_s
+        self.backoff = backoff if backoff is not None else Backoff()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
+        self._restart_at: float | None = None  # set when the child died: no new one before then
 
     def start(self) -> None:
         """Spawn the child now and let it build its loader (imports, store handle: ~2 s of CPU, at nice 19), so
         that one-time cost falls in the server's start-up instead of under its traffic at the first refresh."""
-        self._pool_started().submit(_prime_child, self.make_loader)
+        try:
+            self._submit(_prime_child)
+        except BrokenProcessPool:
+            self._died()
 
-    def _pool_started(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_child,
-                initargs=(os.getpid(),),
-            )
-        return self._pool
+    def _submit(self, fn: Callable) -> concurrent.futures.Future:
+        if self._pool is not None:
+            return self._pool.submit(fn, self.make_loader)
+        if self._restart_at is not None and (wait := self._restart_at - time.monotonic()) > 0:
+            raise RuntimeError(f"the ad-table refresh process died; a new one starts in {wait:.1f} s")
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_child,
+            initargs=(os.getpid(),),
+        )
+        with clean_environ():  # (the pool spawns its child in submit)
+            future = self._pool.submit(fn, self.make_loader)
+        if self._restart_at is not None:
+            self._restart_at = None
+            CHILD_RESTARTS.labels(child="ad_refresh").inc()
+            log.warning("ad-table refresh process started again")
+        return future
 
     def __call__(self) -> AdSnapshot | None:
-        if self._pending is None or self._pending.done():  # one worker: a load queues behind the priming
-            self._pending = self._pool_started().submit(_load_in_child, self.make_loader)
         try:
-            return self._pending.result(timeout=self.timeout_s)
+            if self._pending is None or self._pending.done():  # one worker: a load queues behind the priming
+                self._pending = self._submit(_load_in_child)
+            snap = self._pending.result(timeout=self.timeout_s)
         except BrokenProcessPool:
-            self.close()
-            raise RuntimeError(
-                "the ad-table refresh process died; the next refresh starts a new one"
-            ) from None
+            wait = self._died()
+            raise RuntimeError(f"the ad-table refresh process died; a new one starts in {wait:.1f} s") from None
+        self.backoff.reset()
+        return snap
+
+    def _died(self) -> float:
+        """Count the death, drop the broken pool, and say how long until the next child may start."""
+        CHILD_DEATHS.labels(child="ad_refresh").inc()
+        self.close()
+        wait = self.backoff.next_delay()
+        self._restart_at = time.monotonic() + wait
+        log.error("the ad-table refresh process died; a new one starts in %.1f s", wait)
+        return wait
 
     def close(self) -> None:
         """Stop the child now. It holds nothing worth a graceful end (it only reads the store), and left to finish

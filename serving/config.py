@@ -31,6 +31,9 @@ class LimitsConfig:
     )
     feature_timeout_max_ms: float = 30.0  # its cap: the budget adapts to 1.5 x the reads' p99.9 in between
     request_timeout_ms: float = 2000.0  # whole request; past it -> 503 with a message
+    # the body's own budget, from the end of the head: a request takes an admission slot only once its body has
+    # arrived, and a client still sending after this is answered 408 and cut off (a 40 kB body takes ~1 ms on a LAN)
+    body_timeout_ms: float = 1000.0
     max_context_keys: int = 16
     max_in_flight: int = 16  # admitted requests at once (parsing, reading, queued or scoring); beyond -> 503
     retry_after_s: int = 1  # the Retry-After of a shed request
@@ -46,6 +49,9 @@ class ConnectionConfig:
     idle_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
     max_header_bytes: int = 16 * 1024  # request line + all headers
     max_headers: int = 64  # header lines per request
+    # open connections from one client address (per server process); beyond it a new one is answered 503 and
+    # closed. Behind a proxy (Knative's queue-proxy) every connection comes from the proxy: 0 turns it off
+    max_per_client: int = 128
     http_parser: str = "httptools"  # uvicorn's protocol: httptools (C) or h11 (pure Python); same limits
     # uvicorn's access log, one line per request: off by default (/metrics counts every response by route and
     # status, and a refused request logs its own line); at 250 requests/s it cost ~1.5% of the server's CPU
@@ -72,7 +78,9 @@ class ScoringConfig:
         0  # > 0: score in this many worker processes instead (no shared GIL; serving.scoring_processes)
     )
     feature_workers: int = 4  # online-store read threads (a read holds one ~1 ms; a hung store, all)
-    feature_waiting: int = 0  # reads that may wait for a busy worker; beyond that -> degraded at once
+    # reads that may wait for a busy worker; beyond that -> degraded at once. Waits as deep as admission (12) turned
+    # feature_store_busy into timeouts under overload and cost CPU (docs/serving-speed.md, issue 35): 0
+    feature_waiting: int = 0
     # a request that finds the server idle is read and scored on the event loop itself, no thread woken: 7-11% less
     # CPU per request at 100 req/s. Never while another request is in flight or right after one (a busy server
     # reads, admits and sheds as without it), and only where the read cannot wait: a local SQLite store, its lock
@@ -87,8 +95,25 @@ class ScoringConfig:
 class AdTableConfig:
     refresh_seconds: float = 60.0  # background refresh period of the in-process ad table
     refresh_process: bool = True  # build each snapshot in a child process (serving.ad_table: the GIL)
+    # this many failed refreshes in a row make the table too stale to serve: readiness turns false (0 = never)
+    max_refresh_failures: int = 10
     lookup_chunk: int = 2000  # ads per Feast online read during a refresh
     feature_service: str = "ad_candidates"
+
+
+@dataclass
+class FeatureLogConfig:
+    """Served-feature logging (``serving.feature_log``), read back by ``gemflow skew-check``."""
+
+    sample_rate: float = 0.01  # fraction of answered requests whose user-side inputs are logged; 0 = off
+    flush_rows: int = 1000  # rows per parquet file, at most
+    flush_seconds: float = 30.0  # a partial buffer is written after this long
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ValueError(f"feature_log.sample_rate must be in [0, 1], got {self.sample_rate}")
+        if self.flush_rows < 1 or self.flush_seconds <= 0:
+            raise ValueError("feature_log.flush_rows must be >= 1 and feature_log.flush_seconds > 0")
 
 
 @dataclass
@@ -127,6 +152,7 @@ class ServingConfig:
     admin: AdminConfig = field(default_factory=AdminConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     ad_table: AdTableConfig = field(default_factory=AdTableConfig)
+    feature_log: FeatureLogConfig = field(default_factory=FeatureLogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
@@ -135,8 +161,8 @@ class ServingConfig:
             raise ValueError(f"limits.max_candidates must be >= 1, got {lim.max_candidates}")
         if lim.max_body_bytes < 1024:
             raise ValueError(f"limits.max_body_bytes must be >= 1024, got {lim.max_body_bytes}")
-        if lim.feature_timeout_ms <= 0 or lim.request_timeout_ms <= 0 or lim.feature_timeout_max_ms < 0:
-            raise ValueError("limits.feature_timeout_ms and limits.request_timeout_ms must be > 0")
+        if min(lim.feature_timeout_ms, lim.request_timeout_ms, lim.body_timeout_ms) <= 0 or lim.feature_timeout_max_ms < 0:
+            raise ValueError("limits.feature_timeout_ms, request_timeout_ms and body_timeout_ms must be > 0")
         if lim.max_in_flight < 1 or lim.retry_after_s < 0:
             raise ValueError("limits.max_in_flight must be >= 1 and limits.retry_after_s >= 0")
         if lim.request_ts_max_age_days <= 0 or lim.request_ts_max_ahead_s < 0:
@@ -152,6 +178,8 @@ class ServingConfig:
             raise ValueError(
                 "connections: timeouts must be > 0, max_header_bytes >= 1024 and max_headers >= 8"
             )
+        if con.max_per_client < 0:
+            raise ValueError(f"connections.max_per_client must be >= 0 (0 = no limit), got {con.max_per_client}")
         if con.http_parser not in ("httptools", "h11"):
             raise ValueError(f"connections.http_parser must be httptools or h11, got {con.http_parser!r}")
         if con.event_loop not in EVENT_LOOPS:
@@ -165,6 +193,8 @@ class ServingConfig:
             raise ValueError(
                 f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"
             )
+        if self.ad_table.max_refresh_failures < 0:
+            raise ValueError(f"ad_table.max_refresh_failures must be >= 0, got {self.ad_table.max_refresh_failures}")
         if self.server_processes < 1:
             raise ValueError(f"server_processes must be >= 1, got {self.server_processes}")
         if self.server_processes > 1 and sc.processes > 0:

@@ -8,6 +8,9 @@
 - header count: ``serving.gateway`` answers 431 and closes past ``max_headers`` lines (and measures a head that
   arrived whole in one read);
 - idle timeout: uvicorn's keep-alive timeout (``idle_timeout_s``) closes a connection idle between requests;
+- connections per client address: past ``max_per_client`` open ones (per server process), a new connection from
+  that address is answered 503 and closed before it is read (reason ``client_connections``): clients trickling
+  request bodies hold connections, and this bounds how many one address can hold (and the bodies buffered for it);
 - after a 413 the gateway answers with ``Connection: close`` and the server stops reading the body;
 - uvicorn's access log (a line per request) only when ``access_log`` asks for it.
 ``http_parser`` picks uvicorn's protocol: httptools (C, the faster) or h11 (pure Python); the limits are the same.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -33,11 +37,23 @@ class HeadLimits:
 
     header_timeout_s = 5.0
     max_header_bytes = 16 * 1024
+    max_per_client = 0  # 0: no limit
+    open_per_client: Counter  # client address -> open connections (one per protocol class: per server)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        self._client = None
+        if self.max_per_client:
+            peer = transport.get_extra_info("peername")
+            client = peer[0] if isinstance(peer, tuple) else str(peer)
+            if self.open_per_client[client] >= self.max_per_client:
+                SHED.labels(reason="client_connections").inc()
+                RESPONSES.labels(route="connection", code="503").inc()
+                return self._answer_and_close(503, f"more than {self.max_per_client} open connections from one address")
+            self._client = client
+            self.open_per_client[client] += 1
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -57,6 +73,10 @@ class HeadLimits:
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._client is not None:
+            self.open_per_client[self._client] -= 1
+            if not self.open_per_client[self._client]:
+                del self.open_per_client[self._client]
         super().connection_lost(exc)
 
     def _between_requests(self) -> bool:
@@ -77,26 +97,32 @@ class HeadLimits:
             self.transport.close()
 
     def _refuse_head(self) -> None:
-        body = orjson.dumps({"error": f"the request head exceeds {self.max_header_bytes} bytes"})
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-        )
         RESPONSES.labels(route="connection", code="431").inc()
+        self._answer_and_close(431, f"the request head exceeds {self.max_header_bytes} bytes")
+
+    def send_400_response(self, msg: str) -> None:
+        """The parser's own answer to a malformed request, in the protocol's error shape (uvicorn's is text)."""
+        RESPONSES.labels(route="connection", code="400").inc()
+        self._answer_and_close(400, f"malformed HTTP request: {msg[:200]}")
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        body = orjson.dumps({"error": message})
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, _REASONS[status], len(body), body)
+        )
         self._disarm()
         self.transport.close()
 
-    def send_400_response(self, msg: str) -> None:  # the parser's own answer to a malformed request
-        RESPONSES.labels(route="connection", code="400").inc()
-        super().send_400_response(msg)
 
-
+_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 PARSERS = {"httptools": HttpToolsProtocol, "h11": H11Protocol}
 
 
 def protocol_class(cfg: ConnectionConfig) -> type:
     base = PARSERS[cfg.http_parser]
-    attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes}
+    attrs = {"header_timeout_s": cfg.header_timeout_s, "max_header_bytes": cfg.max_header_bytes,
+             "max_per_client": cfg.max_per_client, "open_per_client": Counter()}  # fmt: skip
     return type(f"Limited{base.__name__}", (HeadLimits, base), attrs)
 
 

@@ -2,9 +2,12 @@
 
 It answers the ranker's own routes itself and hands a few to KServe (server health and metadata, ``/metrics``):
 - ``POST /v1/models/{m}:predict`` and ``POST /v2/models/{m}/infer``: bearer token (``serving.auth``), explicit
-  Content-Type / Content-Encoding rules, admission control (``limits.max_in_flight``; beyond it 503 +
-  ``Retry-After`` at once, before the body is read), the body limit (413, connection closed), strict parsing
-  (``serving.schema`` / ``serving.v2``), the deadline (work cancelled, 503), and the answer's encoding;
+  Content-Type / Content-Encoding rules, the body limit (413, connection closed) and the body's own time budget
+  (``limits.body_timeout_ms``: 408, connection closed), then admission control (``limits.max_in_flight``; beyond
+  it 503 + ``Retry-After`` at once): a slot is taken only once the whole body has arrived, so clients trickling
+  their bodies hold connections (bounded per client address, ``serving.connections``), never the slots that
+  scoring needs. Then strict parsing (``serving.schema`` / ``serving.v2``), the deadline (from the head's arrival;
+  work cancelled, 503), and the answer's encoding;
 - ``GET /v2/models/{m}/ready`` and ``GET /v1/models/{m}`` (readiness), ``GET /v2/models/{m}`` (Open Inference
   Protocol metadata), ``GET /v2/models/{m}/stats``;
 - KServe's model-repository extension (``/v2/repository/...``) is answered 404 unless ``admin.repository_api``
@@ -26,6 +29,7 @@ import orjson
 from serving import stats, v2
 from serving.auth import Tokens, bearer_ok
 from serving.config import ConnectionConfig, ServingConfig
+from serving.docs_page import docs_page
 from serving.predictor import RankerPredictor
 from serving.request_scorer import Cancelled
 from serving.schema import RequestError, parse_request
@@ -47,6 +51,7 @@ _VERSIONED = re.compile(r"/v2/models/[^/]+/versions/.*")
 # KServe's own routes that stay reachable (no token: probes, Prometheus, server metadata); anything else is 404
 _OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "live", "/metrics": "metrics",
                 "/v2": "metadata", "/v2/models": "metadata", "/v1/models": "metadata"}  # fmt: skip
+_DOC_LABELS = {"/v2/health/ready": "ready"}  # counted with the liveness probes; /docs says what it answers
 
 
 class Reply:
@@ -85,7 +90,7 @@ class Gateway:
             await self._dispatch(scope, receive, reply)
         except Exception:
             # a bug, not a client mistake: the traceback is logged, the client learns nothing of it
-            log.exception("unexpected failure on %s %s", scope["method"], scope["path"][:200])
+            log.exception("unexpected failure on %s %s", scope["method"], _loggable(scope["path"][:200]))
             if reply.status is None:
                 await reply.json(500, {"error": "internal server error"})
         finally:
@@ -95,9 +100,9 @@ class Gateway:
     # ------------------------------------------------------------------------------------------- routing
     async def _dispatch(self, scope, receive, reply: Reply) -> None:
         method, path = scope["method"], scope["path"]
-        too_many = _header_problem(scope["headers"], self.cfg.connections)
+        too_many = _header_problem(scope, self.cfg.connections)
         if too_many:
-            return await self._refuse(reply, scope, 431, too_many, CLOSE)
+            return await self._refuse(reply, scope, *too_many, CLOSE)
         if path == "/metrics" and method == "GET" and stats.multiprocess():  # every server process's metrics
             reply.route = "metrics"
             body, content_type = stats.exposition()
@@ -107,7 +112,8 @@ class Gateway:
             return await self._pass(scope, receive, reply)
         if path == "/docs" and method == "GET":  # the server's own page (KServe's Swagger UI needs a CDN)
             reply.route = "docs"
-            return await reply.body(200, self._docs_page(), [(b"content-type", b"text/html; charset=utf-8")])
+            page = docs_page(self.predictor.name, self.predictor.served.version, _OPEN_ROUTES | _DOC_LABELS)
+            return await reply.body(200, page, [(b"content-type", b"text/html; charset=utf-8")])
         if path.startswith("/v2/repository"):
             reply.route = "repository"
             return await self._repository(scope, receive, reply)
@@ -131,41 +137,6 @@ class Gateway:
             return await self._model_route(route, scope, receive, reply)
         # default deny: KServe's other routes (explain, versioned paths, docs) are not part of this server
         await self._refuse(reply, scope, 404, f"no route {method} {path[:100]}")
-
-    def _docs_page(self) -> bytes:
-        """``GET /docs``: what this server answers, as one self-contained HTML page (no token, no script)."""
-        import html
-
-        name, version = self.predictor.name, self.predictor.served.version
-        rows = [
-            ("POST", f"/v1/models/{name}:predict", "rank candidates (V1); bearer token"),
-            ("POST", f"/v2/models/{name}/infer", "rank candidates (Open Inference Protocol); bearer token"),
-            ("GET", f"/v2/models/{name}/ready", "model readiness (no token)"),
-            ("GET", f"/v1/models/{name}", "model readiness, V1 (no token)"),
-            ("GET", f"/v2/models/{name}", "model metadata: inputs, outputs, version; bearer token"),
-            ("GET", f"/v2/models/{name}/stats", "request and latency statistics; bearer token"),
-            *((("GET", p, f"server {label} (no token)") for p, label in _OPEN_ROUTES.items())),
-        ]
-        table = "".join(
-            f"<tr><td>{m}</td><td><code>{html.escape(p)}</code></td><td>{html.escape(d)}</td></tr>"
-            for m, p, d in rows
-        )
-        example = html.escape(
-            f'curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" '
-            f'-d \'{{"instances": [{{"user_id": 42, "candidates": [7, 8, 9]}}]}}\' '
-            f"http://HOST:PORT/v1/models/{name}:predict"
-        )
-        page = (
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)} API</title>"
-            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 12px;text-align:left}"
-            "tr:nth-child(even){background:#f3f3f3}code,pre{background:#eee;padding:2px 4px}</style></head><body>"
-            f"<h1>{html.escape(name)} ranker endpoint</h1><p>Serving version <b>{html.escape(str(version))}</b> "
-            "(KServe model server behind gemflow's gateway; every other path answers 404).</p>"
-            f"<table><tr><th>method</th><th>path</th><th>what</th></tr>{table}</table>"
-            f"<h2>Example</h2><pre>{example}</pre><p><code>gemflow rank --url http://HOST:PORT --user 42 "
-            "--candidates 7,8,9</code> sends the same request.</p></body></html>"
-        )
-        return page.encode()
 
     async def _model_route(self, route: str, scope, receive, reply: Reply) -> None:
         if route == "ready":  # probes carry no token
@@ -198,25 +169,49 @@ class Gateway:
         await self._pass(scope, receive, reply)
 
     async def _pass(self, scope, receive, reply: Reply) -> None:
-        """KServe's own handling; a 500 from it is answered without its exception text."""
-        replaced = False
+        """KServe's own handling, its answers in this server's shape: a 500 without its exception text, any other
+        error as ``{"error": ...}`` (FastAPI answers ``{"detail": ...}``), and the server metadata (``/v2``)
+        without the model-repository extension while that is disabled."""
+        held: dict = {}  # an answer rewritten before it goes out: its start message, then its body parts
 
         async def guarded(message):
-            nonlocal replaced
-            if replaced:
+            if held.get("done"):
                 return
-            if message["type"] == "http.response.start" and message["status"] == 500:
-                replaced = True
-                return await reply.json(500, {"error": "internal server error"})
             if message["type"] == "http.response.start":
-                reply.start(message["status"])
-            await reply.send(message)
+                status = message["status"]
+                if status == 500:
+                    held["done"] = True
+                    return await reply.json(500, {"error": "internal server error"})
+                if status >= 400 or scope["path"] == "/v2":
+                    held.update(start=message, body=[])
+                    return
+                reply.start(status)
+                return await reply.send(message)
+            if "start" not in held:
+                return await reply.send(message)
+            held["body"].append(message.get("body", b""))
+            if not message.get("more_body", False):
+                held["done"] = True
+                await self._rewritten(held["start"], b"".join(held["body"]), reply)
 
         await self.app(scope, receive, guarded)
 
+    async def _rewritten(self, start: dict, body: bytes, reply: Reply) -> None:
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = {"error": body[:300].decode("utf-8", "replace")}
+        if isinstance(payload, dict) and "detail" in payload and "error" not in payload:
+            detail = payload["detail"]
+            payload = {"error": detail if isinstance(detail, str) else orjson.dumps(detail).decode()[:300]}
+        if isinstance(payload, dict) and isinstance(payload.get("extensions"), list) and self.tokens.admin is None:
+            payload["extensions"] = [e for e in payload["extensions"] if e != "model_repository_extension"]
+        keep = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+        await reply.json(start["status"], payload, *keep)
+
     async def _refuse(self, reply: Reply, scope, status: int, message: str, *headers) -> None:
         """A client mistake: one log line, the protocol's error shape."""
-        log.info("%d %s %s: %s", status, scope["method"], scope["path"][:200], message[:300])
+        log.info("%d %s %s: %s", status, scope["method"], _loggable(scope["path"][:200]), _loggable(message[:300]))
         await reply.json(status, {"error": message}, *headers)
 
     # ------------------------------------------------------------------------------------------- inference
@@ -225,37 +220,40 @@ class Gateway:
         if problem:
             return await self._refuse(reply, scope, 415, problem)
         lim = self.cfg.limits
-        if self.in_flight >= lim.max_in_flight:  # shed before reading or parsing anything
+        deadline = time.monotonic() + lim.request_timeout_ms / 1e3
+        # the body first, on its own short budget: a client trickling it holds its connection, never a slot
+        try:  # (asyncio.timeout, not wait_for: no Task created per await)
+            async with asyncio.timeout(lim.body_timeout_ms / 1e3):
+                raw = await self._read_body(scope, headers, receive, reply)
+        except TimeoutError:
+            if reply.status is not None:  # the read had already answered (413) when the budget ran out
+                return
+            self.predictor.stats.shed_one("body_timeout")
+            return await self._refuse(
+                reply, scope, 408, f"the body did not arrive within {lim.body_timeout_ms:.0f} ms", CLOSE
+            )
+        if raw is None:
+            return
+        if self.in_flight >= lim.max_in_flight:  # shed before parsing anything
             self.predictor.stats.shed_one("in_flight_limit")
             return await reply.json(503, {"error": f"overloaded: {lim.max_in_flight} requests in flight"},
                                     (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
         self.in_flight += 1
         try:
-            await self._admitted(is_v2, scope, headers, receive, reply)
+            await self._admitted(is_v2, scope, headers, raw, deadline, reply)
         finally:
             self.in_flight -= 1
 
-    async def _admitted(self, is_v2: bool, scope, headers: dict, receive, reply: Reply) -> None:
+    async def _admitted(self, is_v2: bool, scope, headers: dict, raw: bytes, deadline: float, reply: Reply) -> None:
         lim = self.cfg.limits
-        deadline = time.monotonic() + lim.request_timeout_ms / 1e3
-        # asyncio.timeout, not wait_for: no Task created per await
-        try:  # a client trickling its body holds an admission slot: the deadline covers the read too
-            async with asyncio.timeout(lim.request_timeout_ms / 1e3):
-                raw = await self._read_body(scope, headers, receive, reply)
-        except TimeoutError:
-            if reply.status is not None:  # the read had already answered (413) when the deadline hit
-                return
-            return await self._refuse(
-                reply, scope, 408, "the body did not arrive within the request deadline", CLOSE
-            )
-        if raw is None:
-            return
         now, t_parse = time.time(), time.perf_counter()
         bounds = (now - 86400 * lim.request_ts_max_age_days, now + lim.request_ts_max_ahead_s)
         try:
             if is_v2:
                 v2req = v2.decode(
-                    raw, v2.header_length(headers.get(b"inference-header-content-length"), len(raw))
+                    raw,
+                    v2.header_length(headers.get(b"inference-header-content-length"), len(raw)),
+                    self.predictor.name,
                 )
                 body = v2req.body
             else:
@@ -272,14 +270,14 @@ class Gateway:
             self.predictor.stats.shed_one("deadline")
             log.info(
                 "503 %s: deadline of %.0f ms passed, work cancelled",
-                scope["path"][:200],
+                _loggable(scope["path"][:200]),
                 lim.request_timeout_ms,
             )
             return await reply.json(503, {"error": f"the request did not finish within {lim.request_timeout_ms:.0f} ms"},
                                     (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
         except WorkerLost as err:  # a scoring worker process died mid-request; a replacement is starting
             self.predictor.stats.shed_one("scoring_worker_lost")
-            log.warning("503 %s: %s", scope["path"][:200], err)
+            log.warning("503 %s: %s", _loggable(scope["path"][:200]), err)
             return await reply.json(503, {"error": "the scoring worker failed; retry"},
                                     (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
         t_encode = time.perf_counter()
@@ -332,13 +330,24 @@ class Gateway:
                 return b"".join(chunks)
 
 
-def _header_problem(headers: list, con: ConnectionConfig) -> str | None:
-    """h11 bounds a head that arrives in pieces; one that arrives whole is bounded here (431, then closed)."""
+def _header_problem(scope, con: ConnectionConfig) -> tuple[int, str] | None:
+    """``serving.connections`` bounds a head that arrives in pieces; one that arrives whole in one read is bounded
+    here, request line included (431, or 414 for the target alone; then closed)."""
+    headers = scope["headers"]
     if len(headers) > con.max_headers:
-        return f"more than {con.max_headers} header lines"
-    if sum(len(k) + len(v) + 4 for k, v in headers) > con.max_header_bytes:
-        return f"the headers exceed {con.max_header_bytes} bytes"
+        return 431, f"more than {con.max_headers} header lines"
+    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    if target > con.max_header_bytes:
+        return 414, f"the request target exceeds {con.max_header_bytes} bytes"
+    if target + sum(len(k) + len(v) + 4 for k, v in headers) > con.max_header_bytes:
+        return 431, f"the request head exceeds {con.max_header_bytes} bytes"
     return None
+
+
+def _loggable(text: str) -> str:
+    """A client's text as one log line: control characters (a decoded ``%0a``) and non-ASCII escaped, so no client
+    can forge or split a line of the server's log."""
+    return text if text.isascii() and text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _json(raw: bytes):

@@ -1,7 +1,8 @@
 """Online features -> the ranker's tensors, with exactly the transforms training applies (``models.data``).
 
-- recent events: the online store's last events, oldest first, cut to ``ranker.recent_events``; time gaps are
-  bucketed against the request time (``time_bucket(request_ts - ts)``, as ``BatchBuilder(gap_to="request")``);
+- recent events: the online store's last events, oldest first, those older than ``fresh_cutoff(request_ts,
+  ranker.fresh_delay_s)`` (what training reads: ``TrainingSet.events_at``), cut to ``ranker.recent_events``;
+  time gaps are bucketed against the request time (``time_bucket(request_ts - ts)``, as ``gap_to="request"``);
   an event's advertiser comes from the ad table; its surface from ``recent_surfaces`` when the view has it,
   else ``MISSING_SURFACE`` (counted: the ``user_recent_events`` view does not carry surfaces yet);
 - profile: gender / country ids (missing -> -1, the OOV row), age through ``models.transforms.normalize_age``
@@ -21,7 +22,7 @@ import torch
 
 from features.schema import SURFACE_ID
 from models.data import Candidates, DenseSpec, Events, Profile
-from models.transforms import normalize_age, time_bucket
+from models.transforms import fresh_cutoff, normalize_age, time_bucket
 from serving.ad_table import AdSnapshot
 from serving.user_features import UserFeatures
 
@@ -97,14 +98,23 @@ def default_dense_row(spec: DenseSpec) -> np.ndarray:
 
 
 def recent_events(
-    feats: UserFeatures | None, ads: AdArrays, request_ts: float, max_events: int, time_buckets: int
+    feats: UserFeatures | None,
+    ads: AdArrays,
+    request_ts: float,
+    max_events: int,
+    time_buckets: int,
+    delay_s: int | None = None,
 ) -> tuple[Events, bool]:
-    """(1 user) Events of the recent window, and whether surfaces had to be filled."""
+    """(1 user) Events of the recent window, and whether surfaces had to be filled. ``delay_s``: the ranker's
+    ``fresh_delay_s`` (None: the whole list)."""
     rec = feats.recent if feats is not None and feats.recent is not None else None
     if rec is None:
         z = torch.zeros(0, dtype=torch.int64)
         return Events(z, z, z, z, z, z, z, torch.tensor([0, 0])), False
-    take = slice(max(0, len(rec["recent_ad_ids"]) - max_events), None)
+    visible = len(rec["recent_ts"])
+    if delay_s is not None:  # the list is in event-time order: the visible events are a prefix
+        visible = int(np.searchsorted(rec["recent_ts"], fresh_cutoff(request_ts, delay_s), side="left"))
+    take = slice(max(0, visible - max_events), visible)
     ad = rec["recent_ad_ids"][take]
     ts = rec["recent_ts"][take]
     filled = "recent_surfaces" not in rec

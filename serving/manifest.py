@@ -32,10 +32,12 @@ def render(cfg: ServingConfig) -> dict:
         "--set", f"limits.feature_timeout_ms={cfg.limits.feature_timeout_ms}",
         "--set", f"limits.request_timeout_ms={cfg.limits.request_timeout_ms}",
         "--set", f"limits.max_in_flight={cfg.limits.max_in_flight}",
+        "--set", f"limits.body_timeout_ms={cfg.limits.body_timeout_ms}",
         "--set", f"connections.header_timeout_s={cfg.connections.header_timeout_s}",
         "--set", f"connections.idle_timeout_s={cfg.connections.idle_timeout_s}",
         "--set", f"connections.max_header_bytes={cfg.connections.max_header_bytes}",
         "--set", f"connections.max_headers={cfg.connections.max_headers}",
+        "--set", "connections.max_per_client=0",  # in the pod every connection comes from Knative's queue-proxy
     ]  # fmt: skip
     if cfg.expected_user_model_version:
         args += ["--set", f"expected_user_model_version={cfg.expected_user_model_version}"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import time
 
 import torch
@@ -42,6 +43,7 @@ from serving.ad_table import (
     store_ad_loader,
 )
 from serving.config import ServingConfig
+from serving.feature_log import LOGGED, FeatureLog
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
@@ -72,6 +74,8 @@ class RankerPredictor(Model):
         self._threads: ScoringThreads | None = None  # scoring.processes == 0
         self.scorer: RequestScorer | None = None
         self._processes: ScoringProcesses | None = None  # scoring.processes > 0
+        rate = cfg.feature_log.sample_rate
+        self.feature_log = FeatureLog(ws, cfg.feature_log) if rate > 0 else None
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def load(self) -> bool:
@@ -116,9 +120,10 @@ class RankerPredictor(Model):
             make = functools.partial(store_ad_loader, self.ws, self.cfg.feature_store, at.feature_service,
                                      at.lookup_chunk)  # fmt: skip
             loader = ProcessLoader(make, timeout_s=max(at.refresh_seconds, 60.0))
-            self.ads = AdTable(loader, at.refresh_seconds, initial_loader=here)  # first load: no child wait
+            self.ads = AdTable(loader, at.refresh_seconds, initial_loader=here,  # first load: no child wait
+                               max_failures=at.max_refresh_failures)  # fmt: skip
         else:
-            self.ads = AdTable(here, at.refresh_seconds)
+            self.ads = AdTable(here, at.refresh_seconds, max_failures=at.max_refresh_failures)
         self.ads.start()
         self._warm_up()
         self.ready = True  # the model is loaded: requests are served (degraded if the store is down)
@@ -138,6 +143,8 @@ class RankerPredictor(Model):
             self._threads.close()
         if self._processes:
             self._processes.close()
+        if self.feature_log:
+            self.feature_log.close()
         super().stop()
 
     @property
@@ -175,7 +182,8 @@ class RankerPredictor(Model):
 
     # ------------------------------------------------------------------------------------------- health
     async def readiness(self) -> tuple[bool, dict]:
-        """Ready = model loaded AND ad table loaded: this replica can answer. The shared online store is not part
+        """Ready = model loaded AND ad table loaded and not stale (``ad_table.max_refresh_failures``) AND a scoring
+        process alive: this replica can answer. The shared online store is not part
         of it (an outage would unroute every replica exactly when the degraded path should answer); its health
         is reported here, in ``/metrics`` and in every answer's fallback flags."""
         now = time.monotonic()
@@ -186,7 +194,7 @@ class RankerPredictor(Model):
             _, ok, why = self._probe
         ads = self.ads.status() if self.ads else {"loaded": False}
         workers = None if self._processes is None else self._processes.alive
-        ready = bool(self.ready and ads.get("loaded") and workers != 0)
+        ready = bool(self.ready and ads.get("loaded") and not ads.get("stale") and workers != 0)
         detail = {
             "name": self.name,
             "ready": ready,
@@ -216,10 +224,18 @@ class RankerPredictor(Model):
     # ------------------------------------------------------------------------------------------- handlers
     async def answer(self, req: ParsedRequest, deadline: float) -> dict:
         """Rank one parsed request; raises Cancelled past ``deadline`` (and stops its worker, see ``Job``)."""
+        sampled = self.feature_log is not None and random.random() < self.cfg.feature_log.sample_rate
+        result = await self._answer(req, deadline, sampled)
+        row = result.pop(LOGGED, None)
+        if row is not None:
+            self.feature_log.add(row)
+        return result
+
+    async def _answer(self, req: ParsedRequest, deadline: float, log_features: bool) -> dict:
         started = time.perf_counter()
         self.pauses.watch_loop()  # the lag probe needs the server's running loop: started by the first request
         if self._threads is not None:
-            job = Job(req, None, None, started, 0.0, deadline)
+            job = Job(req, None, None, started, 0.0, deadline, log_features=log_features)
             try:
                 return await self._threads.answer(self.reader, job)
             finally:
@@ -227,7 +243,8 @@ class RankerPredictor(Model):
                     self._note_store(job.store_problem)
         feats, problem = await self.reader.read(req.user_id)
         self._note_store(problem)
-        job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline)
+        job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline,
+                  log_features=log_features)  # fmt: skip
         job.check()
         return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
 

@@ -20,6 +20,7 @@ import numpy as np
 from features.schema import SURFACE_ID
 from serving import inputs as build
 from serving.candidate_cache import CandidateCache
+from serving.feature_log import LOGGED, served_row
 from serving.model_source import ServedModel
 from serving.schema import ParsedRequest
 from serving.scorer import UserInputs, score_shared, user_tokens
@@ -48,6 +49,7 @@ class Job:
     fetch_ms: float
     deadline: float  # time.monotonic() past which the work is abandoned
     cancelled: bool = False  # set by the event loop when the waiting client gave up (worker threads only)
+    log_features: bool = False  # sampled for the served-feature log (``serving.feature_log``)
     request_id: str = field(default_factory=_request_id)
 
     def check(self) -> None:
@@ -91,7 +93,9 @@ class RequestScorer:
             reasons.append("unknown_user")
         request_ts = req.request_ts if req.request_ts is not None else time.time()
         cfg = served.cfg
-        recent, filled = build.recent_events(feats, ads, request_ts, cfg.recent_events, cfg.time_buckets)
+        recent, filled = build.recent_events(
+            feats, ads, request_ts, cfg.recent_events, cfg.time_buckets, cfg.fresh_delay_s
+        )
         tokens, why_not = user_tokens(feats.embedding if feats else None, served.ranker)
         embedding_version = feats.embedding_version if feats else None
         mismatch = False
@@ -108,13 +112,15 @@ class RequestScorer:
             cands, unknown = build.candidates(req.candidates, req.surface, ads)
         else:
             cands, unknown = None, ads.unknown_count(req.candidates)
+        if unknown:  # scored from the out-of-vocabulary row, all alike: the answer says so
+            reasons.append("unknown_ads")
         t0 = time.perf_counter()
         build_ms = 1e3 * (t0 - t_build)
         probs = score_shared(served.ranker, user, cands, self.batch_size, job.check, queries)
         order = np.argsort(-probs[:, 0], kind="stable")
         score_ms = 1e3 * (time.perf_counter() - t0)
         snap = ads.snapshot
-        return {
+        answer = {
             "request_id": job.request_id,
             "user_id": req.user_id,
             "ad_ids": req.candidates[order],
@@ -142,3 +148,6 @@ class RequestScorer:
                 "total": round(1e3 * (time.perf_counter() - job.started), 3),
             },
         }
+        if job.log_features:
+            answer[LOGGED] = served_row(job.request_id, req.user_id, request_ts, served.version, cfg, recent, feats)
+        return answer

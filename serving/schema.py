@@ -10,6 +10,7 @@ window the server allows around its clock (``ts_bounds``).
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -22,6 +23,15 @@ INT64_MAX = 2**63 - 1
 Id = Annotated[int, Field(ge=0, le=INT64_MAX)]
 V2_INT = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 V2_FLOAT = ("FP32", "FP64")
+# the deepest a request nests (V2: body > inputs > tensor > data > row is 5): a rejected body deeper than this is
+# named as such before any message quotes it; and quoting (``short``) never recurses past two levels anyway
+MAX_DEPTH = 8
+_CONTAINERS = (dict, list)
+# quotes a client value in an error message: bounded in depth, items and length whatever the value is
+_QUOTE = reprlib.Repr()  # (keyword arguments need Python 3.12)
+_QUOTE.maxlevel = 2  # deeper containers are shown as [...] / {...}
+_QUOTE.maxlist = _QUOTE.maxdict = 4
+_QUOTE.maxstring = _QUOTE.maxother = _QUOTE.maxlong = 30
 
 
 class RequestError(ValueError):
@@ -59,15 +69,39 @@ def _describe(err: ValidationError) -> str:
     for e in err.errors()[:5]:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "body"
         got = e.get("input")
-        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {_short(got)})"
+        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {short(got)})"
         parts.append(f"{loc}: {e['msg']}{shown}")
     more = err.error_count() - len(parts)
     return "; ".join(parts) + (f"; and {more} more problem(s)" if more > 0 else "")
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
+def short(value: Any) -> str:
+    """A client value quoted in an error message: never recursive past two levels, never long."""
+    text = _QUOTE.repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_depth(value: Any, what: str = "the body") -> None:
+    """RequestError when ``value`` (decoded JSON) nests deeper than MAX_DEPTH. Iterative, and a list of scalars
+    costs one C-level pass (``map(type, ...)``), so the 1,000 candidates of a normal request stay cheap."""
+    level, todo = 1, [value]
+    while todo:
+        nested = []
+        for v in todo:
+            kind = type(v)
+            if kind is dict:
+                items = v.values()
+            elif kind is list:
+                items = v
+            else:
+                continue
+            kinds = set(map(type, items))
+            if dict not in kinds and list not in kinds:
+                continue
+            nested.extend(x for x in items if type(x) in _CONTAINERS)
+        if nested and level >= MAX_DEPTH:
+            raise RequestError(f"{what} nests deeper than {MAX_DEPTH} levels of arrays and objects")
+        level, todo = level + 1, nested
 
 
 def parse_request(
@@ -89,6 +123,7 @@ def parse_request(
     try:
         req = RankRequest.model_validate(body)
     except ValidationError as err:
+        check_depth(body)  # before any message quotes the input (a valid request never pays for the walk)
         raise RequestError(f"invalid request: {_describe(err)}") from None
     return _check(req, max_candidates, wrapped, ts_bounds)
 

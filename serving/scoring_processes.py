@@ -16,7 +16,8 @@ keeps its own candidate cache; it answers one job at a time over a pipe:
 The event loop reads the answers itself (``loop.add_reader`` on each pipe): no thread between a worker and the loop.
 A worker goes back to the idle pool only once its answer is read, so a request abandoned at its deadline never hands
 a busy worker to the next one (the worker stops at its next checkpoint: ``Job.check``). A worker that dies fails its
-request (the gateway answers 500) and is replaced in the background.
+request (the gateway answers 503) and is replaced in the background after a backoff (``serving.children``); deaths
+and restarts are ``/metrics`` counters (``child="scoring"``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import contextlib
 import logging
 import multiprocessing
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from serving.children import Backoff, clean_environ
 from serving.request_scorer import Cancelled, Job
+from serving.stats import CHILD_DEATHS, CHILD_RESTARTS
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 300.0  # a worker imports torch and loads the model (seconds on a busy machine)
@@ -100,7 +104,8 @@ class _Worker:
         self.proc = ctx.Process(
             target=_serve_jobs, args=(child, setup), name=f"gemflow-score-{index}", daemon=True
         )
-        self.proc.start()
+        with clean_environ():
+            self.proc.start()
         child.close()
         self.index = index
         self.ads = None  # the AdArrays object it holds
@@ -124,6 +129,7 @@ class ScoringProcesses:
     def __init__(self, setup: WorkerSetup, count: int):
         self._ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and torch state
         self._setup = setup
+        self._backoff = Backoff()
         self._workers = [_Worker(self._ctx, setup, i) for i in range(count)]
         for worker in self._workers:
             worker.wait_ready(START_TIMEOUT_S)
@@ -200,15 +206,19 @@ class ScoringProcesses:
         if worker.pending is not None and not worker.pending.done():
             worker.pending.set_exception(WorkerLost(f"scoring worker {worker.index} died (exit code "
                                                     f"{worker.proc.exitcode})"))  # fmt: skip
+        CHILD_DEATHS.labels(child="scoring").inc()
+        wait = self._backoff.next_delay()
         log.error(
-            "scoring worker %d died (exit code %s); starting a replacement",
+            "scoring worker %d died (exit code %s); a replacement starts in %.1f s",
             worker.index,
             worker.proc.exitcode,
+            wait,
         )
         if not self._closed:
-            threading.Thread(target=self._replace, args=(worker.index,), daemon=True).start()
+            threading.Thread(target=self._replace, args=(worker.index, wait), daemon=True).start()
 
-    def _replace(self, index: int) -> None:
+    def _replace(self, index: int, wait: float) -> None:
+        time.sleep(wait)
         try:
             worker = _Worker(self._ctx, self._setup, index)
             worker.wait_ready(START_TIMEOUT_S)
@@ -223,6 +233,7 @@ class ScoringProcesses:
                 return
             self._workers.append(worker)
             self._enlist(worker)
+            CHILD_RESTARTS.labels(child="scoring").inc()
 
         self._loop.call_soon_threadsafe(join)
 

@@ -34,7 +34,21 @@ ANSWERED = PromCounter("gemflow_ranker_answered", "Ranking requests answered wit
 PHASE_MS = PromCounter(
     "gemflow_ranker_phase_ms", "Summed wall milliseconds of answered requests per phase", ["phase"]
 )
+CHILD_DEATHS = PromCounter(
+    "gemflow_ranker_child_deaths", "Child processes of the server that died, by kind (ad_refresh, scoring)", ["child"]
+)
+CHILD_RESTARTS = PromCounter(
+    "gemflow_ranker_child_restarts", "Child processes started again after one died, by kind", ["child"]
+)
+AD_REFRESHES = PromCounter(
+    "gemflow_ranker_ad_table_refreshes", "Ad-table refreshes by outcome (loaded, unchanged, failed)", ["outcome"]
+)
 # (multiprocess_mode: how the server processes' values combine; ignored with one process)
+AD_REFRESH_FAILING = Gauge(
+    "gemflow_ranker_ad_table_failed_refreshes_in_a_row",
+    "Consecutive failed ad-table refreshes (0 after a success; the worst server process)",
+    multiprocess_mode="livemax",
+)
 STORE_UP = Gauge(
     "gemflow_ranker_feature_store_up",
     "1 when the last online-store read succeeded in its budget (the worst server process)",
@@ -135,6 +149,9 @@ class ServingStats:
             "fallbacks": count("gemflow_ranker_fallbacks", "reason"),
             "embedding_version_mismatches": int(one("gemflow_ranker_embedding_version_mismatch")),
             "unknown_ads": int(one("gemflow_ranker_unknown_ads")),
+            "child_deaths": count("gemflow_ranker_child_deaths", "child"),
+            "child_restarts": count("gemflow_ranker_child_restarts", "child"),
+            "ad_table_refreshes": count("gemflow_ranker_ad_table_refreshes", "outcome"),
             "responses": count("gemflow_ranker_http_responses", "route", "code"),
             "shed": count("gemflow_ranker_shed", "reason"),
             "degraded_fraction": round(one("gemflow_ranker_degraded_fraction"), 6),

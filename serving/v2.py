@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from serving.schema import RequestError
+from serving.schema import RequestError, check_depth, short
 
 DTYPES = {
     "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
@@ -40,7 +40,8 @@ INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
 }
 OUTPUTS = {"ad_ids": "INT64", "p_click": "FP32", "p_conversion": "FP32"}
 CONTEXT_INPUTS = ("surface", "hour", "request_ts")
-REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
+# model_name: KServe's InferenceRESTClient always sends it; accepted when it names the route's model
+REQUEST_KEYS = {"id", "model_name", "parameters", "inputs", "outputs"}
 INPUT_KEYS = {"name", "shape", "datatype", "data", "parameters"}
 OUTPUT_KEYS = {"name", "parameters"}
 
@@ -58,7 +59,8 @@ def header_length(value: bytes | None, body_size: int) -> int | None:
     if value is None:
         return None
     text = value.decode("latin-1").strip()
-    if not text.isdigit() or not 0 < int(text) <= body_size:
+    # isdigit() alone admits Unicode digits ('²', Arabic-Indic) that int() refuses or reads differently
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= body_size:
         raise RequestError(
             f"Inference-Header-Content-Length must be a byte count in 1..{body_size} (the body's size), "
             f"got {text[:20]!r}"
@@ -66,7 +68,8 @@ def header_length(value: bytes | None, body_size: int) -> int | None:
     return int(text)
 
 
-def decode(raw: bytes, json_length: int | None) -> V2Request:
+def decode(raw: bytes, json_length: int | None, model_name: str | None = None) -> V2Request:
+    """``model_name``: the model the route names; a ``model_name`` in the body must equal it (None: any string)."""
     head, binary = (raw, b"") if json_length is None else (raw[:json_length], raw[json_length:])
     try:
         req = orjson.loads(head)
@@ -74,7 +77,20 @@ def decode(raw: bytes, json_length: int | None) -> V2Request:
         raise RequestError(f"the body is not valid JSON: {err}") from None
     if not isinstance(req, dict):
         raise RequestError(f"the inference request must be a JSON object, got {type(req).__name__}")
+    try:
+        return _request(req, binary, model_name)
+    except RequestError:
+        check_depth(req, "the inference request")  # a deep body is named as such (a valid one skips the walk)
+        raise
+
+
+def _request(req: dict, binary: bytes, model_name: str | None) -> V2Request:
     _keys(req, REQUEST_KEYS, "the inference request")
+    named = req.get("model_name", model_name)
+    if "model_name" in req and (type(named) is not str or model_name not in (None, named)):
+        raise RequestError(
+            f"model_name {short(named)} in the body does not match the model {short(model_name)} of the route"
+        )
     request_id = req.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError("id must be a string")
@@ -107,15 +123,22 @@ def decode(raw: bytes, json_length: int | None) -> V2Request:
 def _keys(obj: dict, allowed: set[str], what: str) -> None:
     extra = sorted(set(obj) - allowed)
     if extra:
-        raise RequestError(f"{what}: unknown field(s) {extra}; allowed: {sorted(allowed)}")
+        names = [short(k) for k in extra[:5]]  # a key can be any length
+        raise RequestError(f"{what}: unknown field(s) [{', '.join(names)}]; allowed: {sorted(allowed)}")
 
 
 def _object(value: Any, what: str) -> dict:
+    """A ``parameters`` object: the protocol's parameter values are booleans, numbers or strings."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise RequestError(f"{what} must be a JSON object")
+    if not _SCALARS.issuperset(map(type, value.values())):
+        raise RequestError(f"{what}: every value must be a boolean, number or string")
     return value
+
+
+_SCALARS = frozenset((bool, int, float, str))
 
 
 def _flag(value: Any, what: str) -> bool:
@@ -130,14 +153,14 @@ def _input(tensor: Any, binary: memoryview) -> tuple[str, Any, memoryview]:
     if not isinstance(tensor, dict):
         raise RequestError("every input must be a JSON object with name, shape, datatype and data")
     name = tensor.get("name")
-    if name not in INPUTS:
-        raise RequestError(f"input {_short(name)} is not known; expected some of {sorted(INPUTS)}")
+    if type(name) is not str or name not in INPUTS:  # (a list or object name is unhashable)
+        raise RequestError(f"input {short(name)} is not known; expected some of {sorted(INPUTS)}")
     _keys(tensor, INPUT_KEYS, f"input {name!r}")
     allowed, single = INPUTS[name]
     dtype = tensor.get("datatype")
     if dtype not in allowed:
         raise RequestError(
-            f"input {name!r}: datatype {_short(dtype)} is not allowed; use one of {list(allowed)}"
+            f"input {name!r}: datatype {short(dtype)} is not allowed; use one of {list(allowed)}"
         )
     count = _shape(name, tensor.get("shape"), single)
     params = _object(tensor.get("parameters"), f"input {name!r} parameters")
@@ -160,7 +183,7 @@ def _input(tensor: Any, binary: memoryview) -> tuple[str, Any, memoryview]:
 
 def _shape(name: str, shape: Any, single: bool) -> int:
     if not isinstance(shape, list) or not 1 <= len(shape) <= 2 or any(type(d) is not int for d in shape):
-        raise RequestError(f"input {name!r}: shape must be a list of 1 or 2 integers, got {_short(shape)}")
+        raise RequestError(f"input {name!r}: shape must be a list of 1 or 2 integers, got {short(shape)}")
     if any(d < 0 for d in shape):
         raise RequestError(f"input {name!r}: shape {shape} has a negative dimension")
     if len(shape) == 2 and shape[0] != 1:
@@ -247,7 +270,7 @@ def _requested(outputs: Any, binary_all: bool) -> tuple[list[str], set[str]]:
         raise RequestError("outputs must be a non-empty list of {name, parameters?}")
     names, binary = [], set()
     for out in outputs:
-        if not isinstance(out, dict) or out.get("name") not in OUTPUTS:
+        if not isinstance(out, dict) or type(out.get("name")) is not str or out["name"] not in OUTPUTS:
             raise RequestError(f"outputs: each must name one of {list(OUTPUTS)}")
         _keys(out, OUTPUT_KEYS, f"output {out['name']!r}")
         if out["name"] in names:
@@ -257,11 +280,6 @@ def _requested(outputs: Any, binary_all: bool) -> tuple[list[str], set[str]]:
         if _flag(flag, f"output {out['name']!r} parameters.binary_data") or (flag is None and binary_all):
             binary.add(out["name"])
     return names, binary
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ------------------------------------------------------------------------------------------- responses

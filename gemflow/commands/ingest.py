@@ -10,20 +10,18 @@ with the same exit codes.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Annotated
 
 import typer
 
+from gemflow import logs
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, parse_date, workspace
 from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
 from gemflow.exit_codes import GATE_FAILED as GATE_FAILED_EXIT
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("feast", "great_expectations", "ibis"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.setup()
 
 
 def _fail(err: Exception, code: int = BAD_INPUT_EXIT) -> typer.Exit:

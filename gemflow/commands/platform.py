@@ -32,11 +32,13 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(
                 BAD_INPUT if "already in use" in str(err) or "both" in str(err) else FAILED
             ) from err
+        from models.mlflow_store import ui_link
+
         login = _airflow_login(p)
         typer.echo(
             f"\ngemflow is up in {time.monotonic() - t0:.0f}s (workspace {p.ws.root})\n"
             f"  Airflow UI      {p.airflow_url}   login {login}\n"
-            f"  MLflow UI       {p.mlflow_url}\n"
+            f"  MLflow UI       {ui_link(p.mlflow_url)}\n"
             f"  ranker endpoint {p.endpoint_url}   (/docs; live once a ranker champion is deployed)\n"
             f"  event collector {p.events_url}   (POST /v1/events; gemflow land-synthetic --live streams a day)\n"
             f"  logs            {p.logs}/   task logs {p.airflow_home / 'logs'}/\n"

@@ -11,12 +11,12 @@ rejected challenger publishes no ``CHAMPION`` event and triggers no refresh or d
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gemflow import logs
 from gemflow.commands.common import (
     ConfigOpt,
     SetOpt,
@@ -38,9 +38,7 @@ def _fail(err: Exception) -> typer.Exit:
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("feast", "mlflow", "alembic", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.setup()
 
 
 def latest_run(ws, kind: str) -> Path:

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from gemflow import logs
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
 from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
 
@@ -61,9 +62,8 @@ def register(app: typer.Typer) -> None:
         from models.scaling.config import ScalingConfig
         from models.scaling.runner import run_sweep
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        for noisy in ("mlflow", "alembic", "urllib3", "models.train"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        logs.setup()
+        logging.getLogger("models.train").setLevel(logging.WARNING)  # the sweep reports per point
         path = cfg_path or PRESETS_DIR / f"scaling-{preset or 'laptop'}.yaml"
         if not path.exists():
             typer.echo(f"error: no preset {preset!r}: {path} does not exist", err=True)

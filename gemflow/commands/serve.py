@@ -46,6 +46,34 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(code=1) from err
 
+    @app.command("skew-check")
+    def skew_check_cmd(
+        training_set: Annotated[
+            str, typer.Option("--training-set", "-t", help="Training set name (or folder) built after the days.")
+        ],
+        dates: Annotated[
+            str | None, typer.Option("--dates", help="Comma-separated logged days (default: every logged day).")
+        ] = None,
+        json_out: Annotated[str | None, typer.Option("--json", help="Also write the report here.")] = None,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Served features (the server's feature log) against the training-set builder's, per feature."""
+        import datetime as dt
+        from pathlib import Path
+
+        from serving.skew_check import format_report, skew_check
+
+        root = workspace(ws)
+        path = Path(training_set) if Path(training_set).is_dir() else root.training(training_set)
+        days = [dt.date.fromisoformat(d.strip()) for d in dates.split(",")] if dates else None
+        try:
+            report = skew_check(root, path, days)
+        except (FileNotFoundError, ValueError) as err:
+            raise typer.BadParameter(str(err)) from err
+        typer.echo(format_report(report))
+        if json_out:
+            Path(json_out).write_text(json.dumps(report, indent=2))
+
     @app.command("rank")
     def rank_cmd(
         user_id: Annotated[int, typer.Option("--user", "-u", help="User id.")],

@@ -7,21 +7,19 @@ and print their metrics as JSON.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gemflow import logs
 from gemflow.commands.common import ConfigOpt, SetOpt, WorkspaceOpt, config, workspace
 from gemflow.exit_codes import BAD_INPUT as BAD_INPUT_EXIT
 from gemflow.exit_codes import FAILED
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("mlflow", "alembic", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.setup()
 
 
 def _fail(err: Exception) -> typer.Exit:
@@ -41,7 +39,7 @@ def _train_distributed(cfg, ws) -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=FAILED) from err
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    typer.echo(json.dumps({"run_dir": str(run_dir), **metrics}, indent=2))
+    typer.echo(json.dumps({"run_dir": str(run_dir), **metrics}))  # one line: one log record
 
 
 def register(app: typer.Typer) -> None:
@@ -63,14 +61,23 @@ def register(app: typer.Typer) -> None:
                 "--nproc", help="Distributed user-model training on N ranks (DeepSpeed + torchrec)."
             ),
         ] = None,
+        resume: Annotated[
+            bool,
+            typer.Option(
+                "--resume",
+                help="Continue the run folder's checkpoint (refused if its model config differs); "
+                "without it every invocation is a new run in a new folder.",
+            ),
+        ] = False,
     ) -> None:
-        """Train the user model or the ranker (single process), tracked in MLflow; resumes from its checkpoint."""
+        """Train the user model or the ranker (single process), tracked in MLflow; a new run unless --resume."""
         from models.config import TrainRunConfig
         from models.data import TrainingSetError
         from models.train import train
 
         _logging()
-        flags = {"model": model, "training_set": training_set, "distributed.nproc": nproc}
+        flags = {"model": model, "training_set": training_set, "distributed.nproc": nproc,
+                 "resume": True if resume else None}  # fmt: skip
         cfg = config(TrainRunConfig, cfg_path, overrides, **flags)
         if nproc is not None:  # hand off to the distributed launcher (models/distributed/launch.py)
             _train_distributed(cfg, workspace(ws))
@@ -84,8 +91,7 @@ def register(app: typer.Typer) -> None:
             raise _fail(err) from err
         typer.echo(
             json.dumps(
-                {"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics},
-                indent=2,
+                {"run_dir": str(result.run_dir), "mlflow_run_id": result.mlflow_run_id, **result.metrics}
             )
         )
 
@@ -103,6 +109,10 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         negatives: Annotated[int, typer.Option(help="Sampled negatives per leave-one-out list.")] = 99,
+        fresh_as_of: Annotated[
+            str,
+            typer.Option(help="Ranker: fresh events as the event path serves them (served) or a daily store (day)."),
+        ] = "served",
         ws: WorkspaceOpt = None,
     ) -> None:
         """NE, AUC and calibration of a trained model on a split; optionally leave-one-out HR@10/NDCG@10/MRR.
@@ -121,9 +131,9 @@ def register(app: typer.Typer) -> None:
             bundle = load_bundle(run_dir)
             if is_next_item(bundle):
                 metrics = next_item_metrics(bundle, TrainingSet(path), split, num_negatives=negatives)
-                typer.echo(json.dumps({f"{split}_{k}": v for k, v in metrics.items()}, indent=2))
+                typer.echo(json.dumps({f"{split}_{k}": v for k, v in metrics.items()}))
                 return
-            bundle, data, builder = evaluate.load_for_evaluation(run_dir, path)
+            bundle, data, builder = evaluate.load_for_evaluation(run_dir, path, fresh_as_of)
             out = evaluate_rows(bundle.model, builder, data.split_rows(split), 1024, f"{split}_")
             if leave_one_out:
                 out |= {
@@ -136,4 +146,4 @@ def register(app: typer.Typer) -> None:
                 out |= {f"loo_popularity_{k}": v for k, v in pop.items()}
         except (TrainingSetError, ValueError, FileNotFoundError) as err:
             raise _fail(err) from err
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(json.dumps(out))

@@ -121,6 +121,6 @@ def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = N
     if returncode:
         raise DistributedRunError(
             f"distributed training exited with {returncode} (a rank failed or was killed); rerun the same "
-            f"command to resume from the latest checkpoint in {run_dir / 'checkpoints'}"
+            f"command with --resume to continue from the latest checkpoint in {run_dir / 'checkpoints'}"
         )
     return run_dir

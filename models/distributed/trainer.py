@@ -419,10 +419,11 @@ def run(cfg: TrainRunConfig, ws: Workspace, run_dir: Path) -> dict[str, float]:
         log.warning(
             "%d trailing train example(s) per epoch are left out: fewer than one per rank", state.left_out
         )
-    tracker = _tracker(cfg, ws, state) if rank0 else None
+    tracker = _tracker(cfg, ws, state, run_dir) if rank0 else None
     if tracker is not None:
         state.run_id = tracker.run_id
         tracker.record(run_dir)  # the run id registration resumes (models.registry)
+        tracker.log_training_set(p.setup.data)
         tracker.log_params({"nproc": p.world, "fp8_linears": len(p.fp8_modules), "fp8_gemm": p.fp8_gemm or "none", "moe_layers": len(moe_layers(p.tower)),
                             "steps": sum(map(len, plan.values())), "train_examples": len(p.setup.train_rows)})  # fmt: skip
     strategy = DeepSpeedStrategy(p, plan, store, tracker)
@@ -683,11 +684,11 @@ def _log_steps(p: Parts, tracker, recent: list[dict], step: int) -> None:
         log.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
 
 
-def _tracker(cfg: TrainRunConfig, ws: Workspace, state: RunState):
+def _tracker(cfg: TrainRunConfig, ws: Workspace, state: RunState, run_dir: Path):
     from models.tracking import Tracker
-    from models.train import default_run_name
+    from models.train import mlflow_run_name
 
-    tracker = Tracker(cfg.tracking, ws, default_run_name(cfg), run_id=state.run_id)
+    tracker = Tracker(cfg.tracking, ws, mlflow_run_name(cfg, run_dir), run_id=state.run_id)
     tracker.log_config(cfg)
     return tracker
 
@@ -777,6 +778,7 @@ def _finish(p: Parts, run_dir: Path, store: CheckpointStore, state: RunState, tr
         plots = write_plots(run_dir, state.history, valid)
         if tracker is not None:
             tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.step)
+            tracker.mark_best(state.best_step)  # evaluations are logged at their global step
             for path in (*plots, *(run_dir / n for n in ("metrics.json", "history.json", "config.yaml"))):
                 if path.exists():
                     tracker.log_artifact(path)
@@ -793,13 +795,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s",
-        force=True,
-    )
-    for noisy in ("DeepSpeed", "torchrec", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from gemflow import logs
+
+    logs.setup(fmt=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(message)s", force=True)
     cfg = load_config(TrainRunConfig, args.config)
     keep_freed_memory()  # no page faults on each step's large tensors (models.malloc)
     try:

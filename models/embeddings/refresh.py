@@ -1,7 +1,7 @@
 """Batch refresh of the cached user embeddings: the champion user model over every active user's history.
 
 For day D: read every accepted event up to the end of D, keep each active user's most recent ``max_history``
-events (the same slice and time gaps the user model trains on: ``gap_to="last"``), encode them in token-budget
+events (the same slice and time gaps the user model trains on: ``gap_to="previous"``), encode them in token-budget
 batches (optionally across N processes, each a shard of users), then write
 
 - offline: ``ws.offline("user_embedding", D)/embeddings.parquet`` stamped ``event_timestamp`` =
@@ -43,7 +43,7 @@ from gemflow.workspace import Workspace
 from models.data import Events
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
 from models.inference import ModelBundle, load_bundle, save_bundle
-from models.transforms import lengths, time_bucket
+from models.transforms import lengths, previous_gaps, time_bucket
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +164,8 @@ class UserSequences:
         return UserSequences(self.user_ids[rows], offsets, {f: v[idx] for f, v in self.values.items()})
 
     def events(self, num_buckets: int) -> Events:
-        """The user model's input: time gaps bucketed to each sequence's last event (``gap_to="last"``)."""
-        lens, ts = self.lengths, self.values["ts"]
-        last = ts[np.maximum(self.offsets[1:] - 1, 0)] if len(ts) else np.zeros_like(lens)
-        gap = time_bucket(np.repeat(last, lens) - ts, num_buckets)
+        """The user model's input: each event's gap to the one before it (``gap_to="previous"``, as trained)."""
+        gap = time_bucket(previous_gaps(self.values["ts"], self.offsets), num_buckets)
         t = {f: torch.from_numpy(np.ascontiguousarray(self.values[f])) for f in HISTORY_FIELDS}
         return Events(**t, gap_bucket=torch.from_numpy(gap), offsets=torch.from_numpy(self.offsets))
 

@@ -13,7 +13,6 @@ bundle's hash; the retry finds it (``existing_version``) and reuses it instead o
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ from models.inference import MODEL_FILE, load_bundle
 from models.registry.environment import code_paths, pip_requirements
 from models.registry.flat import to_frame
 from models.registry.gate import logged_model_id
-from models.tracking import recorded_run_id
+from models.tracking import BEST_STEP_TAG, recorded_run_id, training_dataset
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +122,11 @@ def _log_and_register(run_dir, training_set, bundle, name, run_id, digest, examp
     signature = infer_signature(example, loaded.predict(None, example))
 
     with training_run(run_id):
-        mlflow.log_input(_dataset(data), context="training")
+        # the logged model's metrics: the run's at its best evaluation's step (not step 0's, the untrained model's)
+        best_step = int(mlflow.get_run(run_id).data.tags.get(BEST_STEP_TAG, 0))
+        mlflow.log_input(training_dataset(data), context="training")
         info = mlflow.pyfunc.log_model(
+            step=best_step,
             name=name,
             python_model=str(PYFUNC_CODE),
             artifacts={"bundle": str(run_dir / MODEL_FILE)},
@@ -162,13 +164,6 @@ def training_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
         )
     with mlflow.start_run(run_id=run_id) as run:  # ends FINISHED again
         yield run
-
-
-def _dataset(data: TrainingSet):
-    manifest = {k: v for k, v in data.manifest.items() if not isinstance(v, dict | list)}
-    frame = data.examples[["example_id", "user_id", "ad_id", "ts", "click", "conversion", "split"]]
-    frame = frame.assign(manifest=json.dumps(manifest, sort_keys=True)).head(1000)  # a sample, not the data
-    return mlflow.data.from_pandas(frame, source=str(data.path), name=data.path.name, targets="click")
 
 
 def load_registered(model_uri: str):

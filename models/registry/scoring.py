@@ -12,7 +12,7 @@ def batch_builder(bundle: ModelBundle, data: TrainingSet) -> BatchBuilder:
     cfg = bundle.cfg
     if bundle.kind == "user":
         return BatchBuilder(
-            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+            data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
         )
     emb, present = None, None
     if cfg.use_user_tokens and bundle.user_token_dim:
@@ -23,4 +23,5 @@ def batch_builder(bundle: ModelBundle, data: TrainingSet) -> BatchBuilder:
     return BatchBuilder(
         data, bundle.dense, history_len=cfg.recent_events, time_buckets=cfg.time_buckets, gap_to="request",
         user_embeddings=emb, user_present=present, num_user_tokens=cfg.num_user_tokens,
+        fresh_delay_s=cfg.fresh_delay_s,
     )  # fmt: skip

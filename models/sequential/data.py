@@ -147,7 +147,7 @@ class SequenceSet:
         """The train prefixes of ``users`` (indices into this set), with their next-item targets."""
         rows = self.valid_rows[users]
         cuts = self.train_cut[users]
-        history = self.data.history(rows, self.max_len, self.time_buckets, gap_to="last", cuts=cuts)
+        history = self.data.history(rows, self.max_len, self.time_buckets, gap_to="previous", cuts=cuts)
         start = np.maximum(0, cuts - self.max_len)  # the window's first position in the full history
         lo, hi = self.pair_offsets[users], self.pair_offsets[users + 1]
         counts = hi - lo
@@ -166,7 +166,7 @@ class SequenceSet:
     def eval_history(self, users: np.ndarray, split: str) -> tuple[Events, torch.Tensor]:
         """Histories as of the ``split`` positive ("valid": the train prefix; "test": it plus the valid item)."""
         rows = (self.valid_rows if split == "valid" else self.test_rows)[users]
-        history = self.data.history(rows, self.max_len, self.time_buckets, gap_to="last")
+        history = self.data.history(rows, self.max_len, self.time_buckets, gap_to="previous")
         return history, torch.from_numpy(self.user_ids[users])
 
     def targets(self, split: str) -> np.ndarray:

@@ -566,6 +566,7 @@ def test_ranker_arguments_parse_with_gemflow_serve(rendered):
                      host=params["host"])  # fmt: skip
         assert cfg.model_name == "gem-ranker" and cfg.http_port == 8080, values_file
         assert cfg.host == "0.0.0.0" and cfg.limits.max_in_flight == 16
+        assert cfg.limits.body_timeout_ms == 1000 and cfg.connections.max_per_client == 0  # behind the queue-proxy
         con = cfg.connections
         assert (con.header_timeout_s, con.idle_timeout_s, con.max_header_bytes, con.max_headers, con.access_log) == (
             5,

@@ -11,7 +11,7 @@ from tests.models.fixtures import tiny_dense, tiny_set
 
 
 def _builder(**kw) -> BatchBuilder:
-    return BatchBuilder(tiny_set(), tiny_dense(), history_len=32, time_buckets=32, gap_to="last", **kw)
+    return BatchBuilder(tiny_set(), tiny_dense(), history_len=32, time_buckets=32, gap_to="previous", **kw)
 
 
 def test_snapshot_cut_is_the_users_history_before_the_examples_day():
@@ -90,3 +90,21 @@ def test_a_dense_feature_constant_on_the_train_split_is_left_out():
     assert x.shape == (1, 1)
     expected = (np.log1p(0.5) - np.log1p(train["quality"]).mean()) / np.log1p(train["quality"]).std(ddof=0)
     np.testing.assert_allclose(x[0, 0], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("delay_s", [0, 1, 120, 3600])
+def test_fresh_delay_reads_only_events_older_than_the_cutoff(delay_s):
+    """The ranker's window at an example: the newest events before it that are older than ``fresh_cutoff``."""
+    data = tiny_set()
+    rows = np.arange(len(data.examples))
+    ex, ts = data.examples, data.seq_values["ts"]
+    whole = data.history(rows, 10**6, 32, gap_to="request")
+    fresh = data.history(rows, 10**6, 32, gap_to="request", fresh_delay_s=delay_s)
+    cutoff = ex["ts"].to_numpy() - delay_s
+    for i, row in enumerate(rows):
+        base = data.seq_offsets[ex["user_row"][row]]
+        before = ts[base : base + ex["cut"][row]]
+        got = fresh.ts[fresh.offsets[i] : fresh.offsets[i + 1]].numpy()
+        assert np.array_equal(got, before[before < cutoff[i]])
+    if delay_s >= 120:  # events 10-600 s apart in the fixture: these delays leave some out
+        assert fresh.offsets[-1] < whole.offsets[-1]

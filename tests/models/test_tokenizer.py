@@ -51,7 +51,7 @@ def test_dense_tokens_one_token_per_feature():
 def test_history_is_jagged_and_gradients_reach_embeddings():
     cfg = tiny_user_config(next_event_weight=0.1)
     builder = BatchBuilder(
-        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
     )
     rows = np.arange(12)
     batch = builder(rows)
@@ -99,7 +99,7 @@ def test_a_loaded_model_reads_without_torchrec_and_scores_as_trained(tmp_path):
     kinds = {  # kind: (the trained model, the batches it reads)
         "user": (
             UserModel(user_cfg, tiny_set().vocab, num_dense),
-            (user_cfg.max_history, user_cfg.time_buckets, "last"),
+            (user_cfg.max_history, user_cfg.time_buckets, "previous"),
         ),
         "ranker": (
             Ranker(ranker_cfg, tiny_set().vocab, num_dense),

@@ -90,7 +90,7 @@ def test_resume_reaches_the_same_result(ws, straight):
     out = str(ws.root / "runs" / "resumed")
     first = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out, "optim.epochs": 1}), ws)
     assert len(first.history) == 2
-    resumed = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out}), ws)
+    resumed = train(load_config(TrainRunConfig, None, {**SMALL, "output_dir": out, "resume": True}), ws)
     assert resumed.mlflow_run_id == first.mlflow_run_id  # the same MLflow run continues
     for a, b in zip(straight.history, resumed.history, strict=True):
         assert a["valid_ne"] == pytest.approx(b["valid_ne"], rel=1e-5, abs=1e-7)
@@ -159,6 +159,10 @@ def test_ranker_trains_on_user_model_tokens_via_cli(ws, straight):
     assert json.loads(evaluated.output[evaluated.output.index("{") :])["test_ne"] == pytest.approx(
         metrics["test_ne"]
     )
+    daily = runner.invoke(app, ["evaluate", "--run", str(ws.root / "runs" / "ranker"), "--training-set", "fx",
+                                "--fresh-as-of", "day", "--workspace", str(ws.root)])  # fmt: skip
+    assert daily.exit_code == 0, daily.output  # a store written once a day serves other (older) fresh events
+    assert json.loads(daily.output[daily.output.index("{") :])["test_ne"] != pytest.approx(metrics["test_ne"])
 
 
 def test_bad_input_is_a_clear_error(ws):
@@ -215,7 +219,7 @@ def test_daily_snapshot_tokens_are_the_history_as_of_the_day_start():
         np.testing.assert_array_equal(same, np.broadcast_to(same[0], same.shape))
     pick = np.array([0, 7, 50, len(rows) - 1])
     cfg = bundle.cfg
-    history = data.history(pick, cfg.max_history, cfg.time_buckets, gap_to="last", cuts=cuts[pick])
+    history = data.history(pick, cfg.max_history, cfg.time_buckets, gap_to="previous", cuts=cuts[pick])
     user_id = torch.as_tensor(data.examples["user_id"].to_numpy()[pick])
     with torch.no_grad():
         direct = bundle.model.encode_user(history, user_id).flatten(1).numpy()

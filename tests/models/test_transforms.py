@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.transforms import AGE_CENTER, AGE_SCALE, lengths, normalize_age, time_bucket
+from models.transforms import AGE_CENTER, AGE_SCALE, lengths, normalize_age, previous_gaps, time_bucket
 
 
 def _log2_bucket(gap: int, num_buckets: int) -> int:
@@ -51,3 +51,10 @@ def test_age_is_centred_and_scaled_and_missing_counts_as_zero_years():
 def test_lengths_of_numpy_and_torch_offsets():
     assert lengths(np.array([0, 3, 3, 7])).tolist() == [3, 0, 4]
     assert torch.equal(lengths(torch.tensor([0, 3, 3, 7])), torch.tensor([3, 0, 4]))
+
+
+def test_previous_gaps_reset_at_every_sequence_start():
+    ts = np.array([10, 13, 20, 5, 7, 100], np.int64)
+    offsets = np.array([0, 3, 3, 5, 6, 6])  # lengths 3, 0, 2, 1, 0
+    assert previous_gaps(ts, offsets).tolist() == [0, 3, 7, 0, 2, 0]
+    assert previous_gaps(np.zeros(0, np.int64), np.array([0, 0])).tolist() == []

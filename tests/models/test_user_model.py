@@ -17,7 +17,7 @@ def _model_and_batch(rows=np.arange(10), **cfg_kw):
     torch.manual_seed(0)
     cfg = tiny_user_config(**cfg_kw)
     builder = BatchBuilder(
-        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="last"
+        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
     )
     model = UserModel(cfg, tiny_set().vocab, len(tiny_dense().columns)).eval()
     return model, builder(rows)
@@ -110,7 +110,7 @@ def test_a_user_day_scored_at_once_equals_each_impression_alone():
     cfg = tiny_user_config(snapshot="day")
     builder = BatchBuilder(
         tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets,
-        gap_to="last", snapshot="day",
+        gap_to="previous", snapshot="day",
     )  # fmt: skip
     torch.manual_seed(0)
     model = UserModel(cfg, tiny_set().vocab, len(tiny_dense().columns)).eval()

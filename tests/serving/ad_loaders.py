@@ -45,3 +45,19 @@ def slow_build(seconds: float) -> Loader:
 
     time.sleep(seconds)
     return pid_loader()
+
+
+def imports_feast() -> Loader:
+    """``pid_loader`` after importing Feast's metrics module (which fails where the metrics folder is gone)."""
+    import feast.metrics  # noqa: F401
+
+    return pid_loader()
+
+
+def always_dies() -> Loader:
+    """Every refresh kills its process (a child in a crash loop)."""
+
+    def load() -> AdSnapshot:
+        os._exit(1)
+
+    return load

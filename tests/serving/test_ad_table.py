@@ -232,3 +232,71 @@ def test_the_sqlite_store_is_read_again_only_after_a_commit_or_a_new_ad(world, t
     grown = load()
     assert grown is not None and grown.known.size == 10**6 + 1 and np.isnan(grown.columns["ctr_7d"][10**6])
     assert sqlite_version(object())() is None  # not SQLite: no version, every refresh reads
+
+
+def _count(metric, child: str) -> float:
+    return metric.labels(child=child)._value.get()
+
+
+def test_a_killed_refresh_child_comes_back_and_is_counted():
+    from serving.stats import CHILD_DEATHS, CHILD_RESTARTS
+
+    deaths, restarts = _count(CHILD_DEATHS, "ad_refresh"), _count(CHILD_RESTARTS, "ad_refresh")
+    loader = ProcessLoader(ad_loaders.pid_loader, timeout_s=60)
+    pids = [_child_pid(loader)]
+    try:
+        for _ in range(2):
+            psutil.Process(pids[-1]).kill()  # as the OOM killer would, between two refreshes
+            with pytest.raises(RuntimeError, match=r"refresh process died; a new one starts in 0\.0 s"):
+                loader()
+            pids.append(_child_pid(loader))  # it had served: restarted at once, by the next refresh
+    finally:
+        loader.close()
+    assert len(set(pids)) == 3
+    assert _count(CHILD_DEATHS, "ad_refresh") - deaths == 2
+    assert _count(CHILD_RESTARTS, "ad_refresh") - restarts == 2
+
+
+def test_a_child_that_keeps_dying_is_restarted_with_backoff():
+    loader = ProcessLoader(ad_loaders.always_dies, timeout_s=60)
+    try:
+        with pytest.raises(RuntimeError, match=r"starts in 0\.0 s"):
+            loader()
+        with pytest.raises(RuntimeError, match=r"starts in 1\.0 s"):
+            loader()
+        with pytest.raises(RuntimeError, match=r"starts in [01]\.\d s"):  # backing off: no child started meanwhile
+            loader()
+        time.sleep(1.1)
+        with pytest.raises(RuntimeError, match=r"starts in 2\.0 s"):
+            loader()
+    finally:
+        loader.close()
+
+
+def test_the_refresh_child_does_not_inherit_the_parents_deleted_metrics_folder(tmp_path, monkeypatch):
+    gone = tmp_path / "feast_metrics_of_a_parent_that_exited"  # Feast's folder of the process that started us
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR"):
+        monkeypatch.setenv(name, str(gone))
+    loader = ProcessLoader(ad_loaders.imports_feast, timeout_s=120)
+    try:
+        assert _child_pid(loader) != os.getpid()  # importing Feast there used to fail: FileNotFoundError
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(gone)  # the parent's own environment is left as it was
+    finally:
+        loader.close()
+
+
+def test_consecutive_failures_make_the_table_stale_until_a_refresh_succeeds():
+    outcomes = iter([_snap(), *[ConnectionError("down")] * 3, None])
+
+    def load():
+        out = next(outcomes)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    table = AdTable(load, refresh_seconds=3600, max_failures=3)
+    assert table.refresh() and not table.stale
+    assert not table.refresh() and not table.refresh() and not table.stale
+    assert not table.refresh() and table.stale and table.status()["failed_in_a_row"] == 3
+    assert table.status()["stale"] and table.status()["ads"] == 3  # the old snapshot is still there
+    assert table.refresh() and not table.stale  # unchanged is a success

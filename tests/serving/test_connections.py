@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
 import urllib.parse
@@ -183,3 +184,18 @@ def test_the_event_loop_is_the_one_configured(name):
         assert runner.run(asyncio.sleep(0, result=7)) == 7
     with pytest.raises(ValueError, match="connections.event_loop must be uvloop or asyncio"):
         ServingConfig(connections=ConnectionConfig(event_loop="trio"))
+
+
+def test_a_request_target_past_the_head_limit_is_refused_even_in_one_read(conn_server):
+    sock = connect(conn_server)
+    sock.sendall(b"GET /v2/health/live?" + b"a" * 64_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n")  # ~64 kB in one send
+    data, _ = read_until_closed(sock)
+    assert status_of(data) in (414, 431) and b'"error"' in data, data[:200]
+
+
+def test_the_parsers_own_400_is_the_protocols_json_error(conn_server):
+    sock = connect(conn_server)
+    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nContent-Length: \xd9\xa1\r\n\r\n")
+    data, _ = read_until_closed(sock)
+    assert status_of(data) == 400 and b"application/json" in data.lower(), data[:300]
+    assert set(json.loads(data.split(b"\r\n\r\n", 1)[1])) == {"error"}

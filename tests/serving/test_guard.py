@@ -72,24 +72,38 @@ def test_probes_and_metrics_stay_open(guarded):
         assert call(guarded, "GET", path, token=None)[0] == 200, path
 
 
-def test_beyond_the_in_flight_limit_requests_are_shed_at_once(guarded):
-    url = urllib.parse.urlsplit(guarded)
-    holder = socket.create_connection((url.hostname, url.port), timeout=10)
-    head = (f"POST {PREDICT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(BODY)}\r\n\r\n").encode()  # fmt: skip
+def test_beyond_the_in_flight_limit_requests_are_shed_at_once(guarded, world):
     before = stats(guarded)
-    holder.sendall(head + BODY[:10])  # admitted, then waiting for the rest of its body: the one slot is taken
-    time.sleep(0.3)
-    t0 = time.monotonic()
-    status, headers, payload = call(guarded, "POST", PREDICT, BODY)
-    assert status == 503 and headers.get("retry-after") == "1" and time.monotonic() - t0 < 1.0, payload
-    holder.sendall(BODY[10:])
-    reply = holder.recv(65536)
-    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    lock = sqlite3.connect(world.ws.feature_repo / "online_store.db", timeout=1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        lock.execute("BEGIN EXCLUSIVE")  # the admitted request's user-side read waits: the one slot is taken
+        try:
+            holder = pool.submit(call, guarded, "POST", PREDICT, BODY)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            status, headers, payload = call(guarded, "POST", PREDICT, BODY)
+            assert status == 503 and headers.get("retry-after") == "1" and time.monotonic() - t0 < 1.0, payload
+        finally:
+            lock.rollback()
+            lock.close()
+        assert holder.result()[0] == 200
     after = stats(guarded)
     assert after["shed"].get("in_flight_limit", 0) == before["shed"].get("in_flight_limit", 0) + 1
     answered = sum(after["requests"].get(k, 0) - before["requests"].get(k, 0) for k in ("ok", "degraded"))
     assert answered == 1  # only the admitted request was scored and counted
+
+
+def test_a_client_trickling_its_body_holds_no_slot(guarded):
+    url = urllib.parse.urlsplit(guarded)
+    holder = socket.create_connection((url.hostname, url.port), timeout=10)
+    head = (f"POST {PREDICT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(BODY)}\r\n\r\n").encode()  # fmt: skip
+    holder.sendall(head + BODY[:10])  # waiting for the rest of its body: no slot taken yet (admission after it)
+    time.sleep(0.3)
+    assert call(guarded, "POST", PREDICT, BODY)[0] == 200  # the one slot is free
+    holder.sendall(BODY[10:])
+    reply = holder.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
 
 
 def test_an_overload_burst_is_answered_and_the_counts_add_up(guarded):

@@ -56,16 +56,20 @@ def _assert_same(trained, served) -> None:
         assert a.dtype == b.dtype and torch.equal(a, b), f"{type(trained).__name__}.{f.name}: {a} != {b}"
 
 
-def test_serving_inputs_equal_training_batches_exactly():
+@pytest.mark.parametrize("delay_s", [None, 0, 1, 600])
+def test_serving_inputs_equal_training_batches_exactly(delay_s):
+    """The transforms on equal raw values (the store's list here holds every event before the impression); that
+    the store a pipeline wrote holds those values is ``test_fresh_parity.py``'s."""
     data = tiny_set()
-    builder = BatchBuilder(data, tiny_dense(), history_len=RECENT, time_buckets=BUCKETS, gap_to="request")
+    builder = BatchBuilder(data, tiny_dense(), history_len=RECENT, time_buckets=BUCKETS, gap_to="request",
+                           fresh_delay_s=delay_s)  # fmt: skip
     cuts = data.examples["cut"].to_numpy()
     rows = [int(np.argmin(cuts)), int(np.argmax(cuts)), *range(0, len(cuts), max(1, len(cuts) // 12))]
     assert cuts[rows].min() < RECENT < cuts[rows].max()  # short histories and ones the window cuts
     for row in rows:
         batch = builder(np.array([row]))
         ex, feats, ads = _raw(data, row)
-        events, filled = inputs.recent_events(feats, ads, float(ex["ts"]), RECENT, BUCKETS)
+        events, filled = inputs.recent_events(feats, ads, float(ex["ts"]) + 0.25, RECENT, BUCKETS, delay_s)
         cands, unknown = inputs.candidates(np.array([ex["ad_id"]]), int(ex["surface"]), ads)
         assert not filled and unknown == 0
         _assert_same(batch.history, events)

@@ -240,7 +240,7 @@ def test_served_scores_equal_offline_batch_scores(server, world, tmp_path, user)
     builder = BatchBuilder(
         data, bundle.dense, history_len=bundle.cfg.recent_events, time_buckets=bundle.cfg.time_buckets,
         gap_to="request", user_embeddings=emb if emb is not None else np.zeros((len(cands), 16), np.float32),
-        user_present=use, num_user_tokens=bundle.cfg.num_user_tokens,
+        user_present=use, num_user_tokens=bundle.cfg.num_user_tokens, fresh_delay_s=bundle.cfg.fresh_delay_s,
     )  # fmt: skip
     offline = predict(bundle.model, builder, np.arange(len(cands)), batch_size=3)
     order = np.argsort(-offline[:, 0], kind="stable")
@@ -309,6 +309,7 @@ def test_docs_page_lists_the_servers_routes(server):
     for route in (f"/v1/models/{MODEL}:predict", f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/ready"):
         assert route in page
     assert "<script" not in page
+    assert "<code>/v2/health/ready</code></td><td>server ready" in page  # not labelled "server live"
 
 
 @pytest.mark.parametrize(
@@ -329,3 +330,36 @@ def test_only_the_servers_routes_answer(server, method, path, code):
         conn.close()
     assert resp.status == code, (resp.status, body)
     assert code == 200 or set(body) == {"error"}, body
+
+
+def test_unknown_ads_mark_the_answer_degraded(server):
+    status, answer = post(_v1(server), v1_body(1, [1, 2, 10**6], {"request_ts": float(REQUEST_TS)}))
+    fb = answer["fallback"]
+    assert status == 200 and fb["unknown_ads"] == 1 and fb["degraded"] and "unknown_ads" in fb["reasons"], fb
+
+
+def test_server_metadata_does_not_advertise_the_disabled_repository_extension(server):
+    status, meta = get(f"{server}/v2")
+    assert status == 200 and "model_repository_extension" not in meta.get("extensions", []), meta
+
+
+def test_kserves_own_errors_answer_the_protocols_shape(server):
+    parts = urllib.parse.urlsplit(server)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("POST", "/v2/health/live", body=b"{}")  # KServe's route, answered by FastAPI: 405
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 405 and set(body) == {"error"}, body
+
+
+def test_a_newline_in_a_path_cannot_forge_a_log_line(server, server_log):
+    forged = "INFO serving.gateway: forged"
+    status, _ = _raw(f"{server}/v1/models/x%0a{urllib.parse.quote(forged)}:predict", b"{}")
+    assert status == 404
+    time.sleep(0.2)
+    lines = server_log.read_text().splitlines()
+    assert not any(line.startswith(forged) for line in lines)
+    assert any("x\\n" + forged in line for line in lines)

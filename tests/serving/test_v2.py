@@ -77,14 +77,35 @@ CASES = [
     ),
     ({"inputs": [tensor("user_id", "INT64", [1])]}, "data is missing"),
     ([1, 2], "must be a JSON object"),
+    ({"inputs": [{**user(), "name": ["user_id"]}]}, "input ['user_id'] is not known"),
+    ({"inputs": [{**user(), "name": {"a": 1}}]}, "is not known"),
+    ({"inputs": [user()], "outputs": [{"name": ["p_click"]}]}, "each must name one of"),
+    ({"inputs": [user()], "parameters": {"binary_data_output": {"a": [1]}}}, "boolean, number or string"),
+    ({"inputs": [{**user(), "data": [[[[[[[[[1]]]]]]]]]}]}, "nests deeper than 8 levels"),
+    ({"inputs": [user()], "id": [[[[[[[[[["x"]]]]]]]]]]}, "nests deeper than 8 levels"),
+    ({"inputs": [user()], "model_name": "other"}, "model_name 'other' in the body does not match the model 'gem-ranker'"),
+    ({"inputs": [user()], "model_name": ["gem-ranker"]}, "does not match"),
+    ({"inputs": [user()], "x" * 5000: 1}, "unknown field(s) ['xxxxxxxxxxxx...xxxxxxxxxxxxx']"),
 ]
 
 
 @pytest.mark.parametrize(("body", "needle"), CASES)
 def test_json_mistakes_are_named(body, needle):
     with pytest.raises(RequestError) as err:
-        v2.decode(orjson.dumps(body), None)
-    assert needle in str(err.value)
+        v2.decode(orjson.dumps(body), None, "gem-ranker")
+    assert needle in str(err.value) and len(str(err.value)) < 400
+
+
+def test_a_message_never_recurses_into_a_deep_value():
+    deep = b'{"inputs": [{"name": ' + b"[" * 1000 + b"]" * 1000 + b"}]}"  # under orjson's own limit of 1,024
+    with pytest.raises(RequestError, match="nests deeper than 8 levels"):
+        v2.decode(deep, None)
+
+
+def test_model_name_in_the_body_is_accepted_when_it_names_the_route():
+    req = v2.decode(orjson.dumps({"model_name": "gem-ranker", "inputs": [user()]}), None, "gem-ranker")
+    assert req.body == {"user_id": 4}
+    assert v2.decode(orjson.dumps({"model_name": "any", "inputs": [user()]}), None).body == {"user_id": 4}
 
 
 @pytest.mark.parametrize(
@@ -118,7 +139,10 @@ def test_binary_mistakes_are_named(inputs, tail, needle):
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize("value", [b"abc", b"0", b"-4", b"999999", b"1e3", b""])
+@pytest.mark.parametrize(
+    "value",
+    [b"abc", b"0", b"-4", b"999999", b"1e3", b"", "\u00b2".encode("latin-1"), "\u0661\u0662".encode(), "\uff11".encode()],
+)
 def test_header_length_must_be_a_count_inside_the_body(value):
     with pytest.raises(RequestError, match="Inference-Header-Content-Length"):
         v2.header_length(value, 100)

@@ -73,13 +73,16 @@ COMMON = {
 }
 
 
-def gemflow_train(root: Path, run: str, nproc: int, overrides: dict, *, env=None, background=False):
-    """``gemflow train --nproc N`` on ``<root>/training/learnable`` into ``<root>/<run>``: its metrics.json, or
-    the process when ``background``."""
+def gemflow_train(
+    root: Path, run: str, nproc: int, overrides: dict, *, env=None, background=False, resume=False
+):
+    """``gemflow train --nproc N`` on ``<root>/training/learnable`` into ``<root>/<run>`` (``--resume``: continue
+    its checkpoint): its metrics.json, or the process when ``background``."""
     args = [sys.executable, "-m", "gemflow.cli", "train", "--model", "user", "--training-set", "learnable",
             "--workspace", str(root), "--nproc", str(nproc), "--set", f"output_dir={root / run}"]  # fmt: skip
     for key, value in {**COMMON, **overrides}.items():
         args += ["--set", f"{key}={value}"]
+    args += ["--resume"] if resume else []
     log = open(root / f"{run}.log", "a")  # noqa: SIM115 (closed by the caller via the process)
     proc = subprocess.Popen(
         args, cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT

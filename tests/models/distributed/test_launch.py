@@ -131,7 +131,7 @@ def test_killed_rank_and_crash_mid_checkpoint_resume_to_the_unbroken_result(work
     # 2. relaunch; rank 0 dies halfway through writing the next checkpoint
     next_step = int(first.removeprefix("step-")) + 10
     env = {CRASH_IN_CHECKPOINT: f"0:{next_step}"}
-    proc = gemflow_train(workspace_root, "full-faults", 2, FULL, env=env, background=True)
+    proc = gemflow_train(workspace_root, "full-faults", 2, FULL, env=env, background=True, resume=True)
     assert proc.wait(timeout=1500) != 0
     assert (ckpt / f".step-{next_step:08d}.tmp").is_dir()  # the half-written checkpoint is there ...
     committed = (ckpt / "latest").read_text()  # `first`, or the best state's checkpoint at epoch 1's end
@@ -139,7 +139,7 @@ def test_killed_rank_and_crash_mid_checkpoint_resume_to_the_unbroken_result(work
     assert not (ckpt / f"step-{next_step:08d}").exists()
 
     # 3. relaunch: resumes from the committed checkpoint, finishes, same result as never failing
-    resumed = gemflow_train(workspace_root, "full-faults", 2, FULL)
+    resumed = gemflow_train(workspace_root, "full-faults", 2, FULL, resume=True)
     log = (workspace_root / "full-faults.log").read_text()
     assert f"resumed from {committed}" in log
     assert not (ckpt / f".step-{next_step:08d}.tmp").exists()
@@ -162,7 +162,7 @@ def test_auto_zero_stage_runs_plain_data_parallel_and_resumes_it_exactly(workspa
     committed = (ckpt / "latest").read_text()
     assert committed < "step-00000020"
     assert json.loads((ckpt / committed / "state.json").read_text())["zero_stage"] == 0
-    resumed = gemflow_train(workspace_root, "auto-faults", 2, short)
+    resumed = gemflow_train(workspace_root, "auto-faults", 2, short, resume=True)
     assert f"resumed from {committed}" in (workspace_root / "auto-faults.log").read_text()
     assert resumed["valid_ne"] == pytest.approx(unbroken["valid_ne"], rel=1e-9, abs=0)
     assert resumed["test_ne"] == pytest.approx(unbroken["test_ne"], rel=1e-9, abs=0)

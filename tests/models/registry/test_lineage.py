@@ -86,6 +86,27 @@ def test_source_run_is_the_training_run_with_params_and_curves(registered):
     assert model.source_run_id == run.info.run_id
 
 
+def test_the_logged_model_carries_the_best_epochs_metrics_and_the_training_set(registered):
+    """MLflow 3 links a run's metrics of one step to the model logged in it: the best evaluation's step, not the
+    untrained model's step 0; the run's input is its training set; the experiment is a model-training one."""
+    ws, run_dir, _ = registered
+    client = client_of(ws)
+    mv = client.get_model_version_by_alias(NAME, "champion")
+    model = client.get_logged_model(logged_model_id(mv))
+    run = client.get_run(mv.run_id)
+    history = json.loads((run_dir / "history.json").read_text())
+    best = min(history, key=lambda h: h["valid_ne"])
+    linked = {m.key: m for m in model.metrics if not m.key.startswith("gate.")}
+    assert linked["valid_ne"].value == pytest.approx(best["valid_ne"], rel=1e-6)
+    assert linked["valid_ne"].step == best["epoch"] == int(run.data.tags["gemflow.best_step"])
+    assert linked["valid_auc"].value == pytest.approx(best["valid_auc"], rel=1e-6)
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == [
+        "fx"
+    ]  # one dataset: training's = registration's
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_gate_figures_are_metrics_and_params_of_the_logged_model(registered):
     ws, _, _ = registered
     client = client_of(ws)

@@ -75,6 +75,40 @@ def test_states_are_causal_and_item_vectors_consistent(seqs, name):
         assert torch.allclose(model.item_vectors(ids), model.item_vectors()[ids], atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["gemflow", "mean", "ids_only"])
+def test_states_do_not_see_later_times(seqs, name):
+    """Shift the times of every event after position t (keeping the order) in the training set itself, rebuild
+    the training batch through the real transform, and the states up to t are unchanged: no time feature
+    (the event tokens' gaps, the attention's time biases) reads a time after its own position."""
+    model = _models(seqs)[name]
+    users = np.arange(6)
+    t = 2  # positions 0..t of each window keep their times; later ones move 1..5 days later
+    before_batch = seqs.train_batch(users)
+    data = seqs.data
+    original = data.seq_values["ts"].copy()
+    try:
+        starts = data.seq_offsets[seqs.user_rows[users]] + np.maximum(0, seqs.train_cut[users] - seqs.max_len)
+        shifted = data.seq_values["ts"].copy()
+        for i, start in enumerate(starts):
+            end = data.seq_offsets[seqs.user_rows[users[i]] + 1]
+            shifted[start + t + 1 : end] += 86_400 * (i + 1)
+        data.seq_values["ts"] = shifted
+        after_batch = seqs.train_batch(users)
+    finally:
+        data.seq_values["ts"] = original
+    assert not torch.equal(before_batch.history.ts, after_batch.history.ts)  # the times did move
+    with torch.no_grad():
+        before = model.sequence_states(before_batch.history, before_batch.user_id)
+        after = model.sequence_states(after_batch.history, after_batch.user_id)
+    offsets = before_batch.history.offsets
+    position = torch.arange(len(before)) - torch.repeat_interleave(offsets[:-1], offsets.diff())
+    early = position <= t
+    assert early.any() and (~early).any()
+    assert torch.allclose(before[early], after[early], atol=1e-6)
+    if name != "mean":  # the time token moves the later states (mean pooling reads tokens only: it moves too)
+        assert not torch.allclose(before[~early], after[~early])
+
+
 def test_item_side_reads_every_attribute(seqs):
     model = _models(seqs)["gemflow"]
     items = ItemAttributes.read(seqs.data.path, seqs.data.vocab["ad_id"])
