@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import add_record_flag, record  # noqa: E402
 from bench.serve import Client, cpu_model, percentiles, run_soak, start_server, wait_ready  # noqa: E402
 
 
@@ -181,6 +182,7 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=1000)
     ap.add_argument("--probe-ms", type=float, default=5.0)
     ap.add_argument("--port", type=int, default=18080, help="ranker port (the collector takes port + 10)")
+    add_record_flag(ap)
     args = ap.parse_args()
 
     ranker, _, ws_root, rank_users, num_ads = start_server(args.world, args.port, 5000, 64, False)
@@ -264,6 +266,28 @@ def main() -> None:
         print(
             f"  collector CPU {1e3 * cpu / max(len(acked), 1):.3f} ms/event ({cpu / out['wall']:.2f} cores)"
         )
+        if args.record:
+            lost = len(set(acked) - set(ids)) + len(acked) - visible
+            duplicated = sum(c - 1 for c in ids.values() if c > 1)
+            p50, p99 = (
+                np.percentile(prober.latency_ms, [50, 99]) if prober.latency_ms else (float("nan"),) * 2
+            )
+            load = f"{args.rate:.0f} events/s offered x {args.seconds:.0f} s, batches of {args.batch}"
+            load += (
+                f", ranker {args.rank_rate:.0f} req/s x {args.candidates}"
+                if args.rank_rate > 0
+                else ", no ranker"
+            )
+            rows = [
+                (f"events absorbed ({load})", f"{out['sent'] / out['wall']:.0f} events/s"),
+                ("sent = acknowledged = visible online = in the raw log",
+                 f"{out['sent']:,} = {len(acked):,} = {visible:,} = {len(set(ids) & set(acked)):,}"),
+                ("lost / duplicated", f"{lost} / {duplicated}"),
+                ("event -> visible online p50 / p99", f"{p50:.0f} / {p99:.0f} ms"),
+                ("collector CPU per event", f"{1e3 * cpu / max(len(acked), 1):.2f} ms"),
+                ("load average at the end (1 min)", f"{os.getloadavg()[0]:.1f}"),
+            ]  # fmt: skip
+            record("events", "live event path (bench/events.py)", rows)
     finally:
         for proc in (collector, ranker):
             proc.terminate()
