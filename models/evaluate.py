@@ -177,6 +177,7 @@ def load_for_evaluation(run_dir: str | Path, training_set: str | Path):
     """The trained bundle, the training set and a batch builder that reads it the way the model was trained."""
     bundle = load_bundle(run_dir)
     data = TrainingSet(Path(training_set), require_ranker=bundle.kind == "ranker")
+    data = data.as_seen_by(bundle.vocabularies)
     cfg = bundle.cfg
     if bundle.kind == "user":
         builder = BatchBuilder(

@@ -42,6 +42,7 @@ from serving.ad_table import (
     store_ad_loader,
 )
 from serving.config import ServingConfig
+from serving.id_rows import IdRows
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
@@ -168,7 +169,7 @@ class RankerPredictor(Model):
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
         snap = self.ads.snapshot
         if self._arrays is None or self._arrays.snapshot is not snap:
-            self._arrays = build.AdArrays.build(snap, self.served.dense)
+            self._arrays = build.AdArrays.build(snap, self.served.dense, IdRows.of(self.served.vocabularies))
             if self._arrays.missing_columns:
                 log.warning("ad table lacks trained dense column(s) %s", self._arrays.missing_columns)
         return self._arrays
