@@ -12,6 +12,7 @@ Lookup is one ``np.searchsorted`` over the sorted raw ids (vectorised; ~1 µs pe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ class VocabularyConfig:
             )
 
 
+@functools.lru_cache(maxsize=1 << 20)  # a server sees the same SKUs again and again: hash each once
 def text_id(text: str) -> int:
     """The raw int64 id of a text id: 64-bit BLAKE2b of its UTF-8 text, top bit cleared (stable across runs)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & MASK63

@@ -152,6 +152,19 @@ def profile(user_id: int, feats: UserFeatures | None) -> Profile:
     )
 
 
+def candidate_rows(raw_ids: np.ndarray, positions: np.ndarray, ads: AdArrays) -> np.ndarray:
+    """The model's ad rows (-1 = its OOV row) of one request's candidates: gathered from the ad table's
+    per-position rows (computed once per snapshot), looked up in the vocabulary only for ads the table lacks."""
+    if ads.rows is None:
+        return ads.id_rows.ad_rows(raw_ids)[0]
+    inside = (positions >= 0) & (positions < len(ads.rows))
+    rows = ads.rows[np.where(inside, positions, 0)] if len(ads.rows) else np.zeros(len(raw_ids), np.int64)
+    if not inside.all():
+        rows = rows.copy()
+        rows[~inside] = ads.id_rows.ad_rows(raw_ids[~inside])[0]
+    return rows
+
+
 def candidates(
     ad_ids: np.ndarray, surface: int, ads: AdArrays, ad_rows: np.ndarray | None = None
 ) -> tuple[Candidates, int]:
@@ -161,9 +174,9 @@ def candidates(
     n = len(ad_ids)
     if ad_rows is None and ads.rows is None:
         ad_rows = ad_ids
-    elif ad_rows is None:
-        ad_rows = ads.rows[np.maximum(ad_ids, 0)] if len(ads.rows) else np.full(n, -1, np.int64)
-        ad_rows = np.where(ad_ids >= 0, ad_rows, -1)
+    elif ad_rows is None:  # positions outside the table (warm-up sizes) -> the OOV row
+        inside = (ad_ids >= 0) & (ad_ids < len(ads.rows))
+        ad_rows = np.where(inside, ads.rows[np.where(inside, ad_ids, 0)] if len(ads.rows) else -1, -1)
     cands = Candidates(
         ad_id=torch.from_numpy(np.ascontiguousarray(ad_rows, np.int64)),
         advertiser_id=torch.from_numpy(adv),

@@ -103,8 +103,8 @@ class RequestScorer:
         cold_start = served.ranker.user_proj is not None and tokens is None
         # raw ids -> the model's rows (its vocabulary) and the ad table's positions; unknown ids -> OOV, flagged
         user_row, user_in_vocab = ads.id_rows.user_row(req.user_id)
-        ad_rows, ads_in_vocab = ads.id_rows.ad_rows(req.candidates)
         positions = ads.positions(req.candidates)
+        ad_rows = build.candidate_rows(req.candidates, positions, ads)
         user = UserInputs(recent, build.profile(user_row, feats), tokens)
         # the candidates' rows from the cache where it covers them; their features only where it does not
         queries = self.cache.queries(ads, req.surface, positions)
@@ -139,7 +139,7 @@ class RequestScorer:
                 "ad_table_loaded": ads_loaded,
                 "unknown_ads": unknown,
                 "unknown_user_id": not user_in_vocab,  # not in the model's vocabulary: its OOV row
-                "unknown_ad_ids": int(len(ads_in_vocab) - ads_in_vocab.sum()),
+                "unknown_ad_ids": int((ad_rows < 0).sum()),
                 "recent_surfaces_filled": filled,
                 "reasons": reasons,
             },
