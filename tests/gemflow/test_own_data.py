@@ -83,6 +83,9 @@ def _serve(argv: list[str], env: dict, cwd: Path, port: int, log: Path) -> subpr
             raise AssertionError(f"gemflow serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             if get(f"http://127.0.0.1:{port}/v2/models/gem-ranker/ready", timeout=2)[0] == 200:
+                status, meta = get(f"http://127.0.0.1:{port}/v2/models/gem-ranker", timeout=2)
+                # ours, not another process on a reused port: alive, serving the registered champion
+                assert proc.poll() is None and meta["versions"][0].startswith("gem-ranker/"), meta
                 return proc
         except OSError:
             pass

@@ -20,7 +20,9 @@ from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
 from models.data import USER_VOCAB_ROW, TrainingSet
 from models.embeddings.refresh import model_inputs
-from models.inference import load_bundle
+from models.inference import load_bundle, predict
+from models.registry.flat import to_frame, to_training_set
+from models.registry.scoring import batch_builder
 from models.train import train
 from tests.models.fixtures import tiny_set_path
 
@@ -110,3 +112,14 @@ def test_both_models_train_on_hashed_ids_and_the_bundle_maps_like_training(huge_
     mapped, user = model_inputs(bundle, raw_history, data.raw_ids["user_id"][row : row + 1])
     assert torch.equal(mapped.ad_id, history.ad_id)
     assert user.tolist() == data.examples[USER_VOCAB_ROW].to_numpy()[row : row + 1].tolist()
+    # the registered model's row format carries raw ids, and scoring it maps them as training did
+    ranker = load_bundle(huge_ws.root / "runs" / "ranker")
+    data = TrainingSet(huge_ws.training("huge"), require_ranker=True)
+    rows = data.split_rows("test")[:8]
+    frame = to_frame(data, rows, ranker.cfg.recent_events)
+    assert frame["ad_id"].min() > 2**40 and min(min(h) for h in frame["hist_ad_id"] if h) > 2**40
+    direct = predict(ranker.model, batch_builder(ranker, data), rows, 64)
+    flat = to_training_set(frame, huge_ws.root / "flat")
+    np.testing.assert_allclose(
+        predict(ranker.model, batch_builder(ranker, flat), np.arange(len(rows)), 64), direct, rtol=1e-5
+    )
