@@ -46,7 +46,6 @@ class VocabularyConfig:
             )
 
 
-@functools.lru_cache(maxsize=1 << 20)  # a server sees the same SKUs again and again: hash each once
 def text_id(text: str) -> int:
     """The raw int64 id of a text id: 64-bit BLAKE2b of its UTF-8 text, top bit cleared (stable across runs)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & MASK63
@@ -60,7 +59,11 @@ def raw_id(value: int | str) -> int:
         if value < 0 or value > MASK63:
             raise ValueError(f"integer id {value} is outside [0, 2**63)")
         return value
-    text = str(value)
+    return _text_raw_id(str(value))
+
+
+@functools.lru_cache(maxsize=1 << 20)  # a server sees the same text ids again and again: parse each once
+def _text_raw_id(text: str) -> int:
     if not text:
         raise ValueError("an id must not be empty")
     if text.isascii() and text.isdigit() and int(text) <= MASK63:
