@@ -14,7 +14,9 @@
   ``get_historical_features(..., filter_by_created_timestamp=True)``, feature service ``ranker_training``) with
   ad stats, ad attributes, user profile, recent events and the user embedding + model_version (null when the
   embedding stage has not written any);
-- ``manifest.json``: vocab sizes (max id + 1), counts, date range, feature refs, config.
+- ``vocabulary.npz``: raw ``user_id`` / ``ad_id`` -> model rows (``features.vocabulary``), built from the
+  training period only;
+- ``manifest.json``: vocab sizes (rows per model table), counts, date range, feature refs, config.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from features.histories import SECOND_US, build_histories, cut_points
 from features.schema import ACTIONS, GENDERS, SURFACES
 from features.splits import SPLIT_MODES, leave_one_out_split
 from features.stats import read_events
+from features.vocabulary import ID_FIELDS, Vocabulary, VocabularyConfig, VocabularyError, save_vocabularies
 from gemflow.config import save_config, to_dict
 from gemflow.workspace import Workspace
 
@@ -74,6 +77,7 @@ class TrainingSetConfig:
     join_features: bool = True  # write ranker.parquet (Feast point-in-time join)
     feature_service: str = "ranker_training"
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
+    vocabulary: VocabularyConfig = field(default_factory=VocabularyConfig)  # raw ids -> model rows
 
     def dates(self, available: list[dt.date] | None = None) -> tuple[dt.date, dt.date]:
         """[start, end]; an empty bound is the first / latest of ``available`` accepted partitions."""
@@ -174,13 +178,31 @@ def join_features(
     return table, refs
 
 
-def _vocab(examples: pd.DataFrame, histories, ranker: pa.Table | None) -> dict[str, int]:
+def training_period(events: pd.DataFrame, examples: pd.DataFrame, end: dt.date, cfg) -> pd.DataFrame:
+    """The events a model may learn ids from: before the first held-out day (split "time"), or every event
+    but the held-out examples themselves (split "leave-one-out")."""
+    if cfg.split == "time":
+        first_held_out = end.toordinal() - cfg.test_days - cfg.valid_days + 1
+        return events[events["day"] < first_held_out]
+    held_out = examples.loc[examples["split"] != "train", "example_id"].to_numpy()
+    return events[~events["event_id"].isin(held_out)]
+
+
+def build_vocabularies(period: pd.DataFrame, cfg: VocabularyConfig) -> dict[str, Vocabulary]:
+    """One vocabulary per entity id (``ID_FIELDS``), counted over the training period's events."""
+    return {f: Vocabulary.build(f, period[f].to_numpy(np.int64), cfg) for f in ID_FIELDS}
+
+
+def _vocab(
+    examples: pd.DataFrame, histories, ranker: pa.Table | None, vocabularies: dict[str, Vocabulary],
+    max_rows: int,
+) -> dict[str, int]:  # fmt: skip
     def size(*arrays) -> int:
         return int(max((int(a.max()) for a in arrays if len(a)), default=-1)) + 1
 
     vocab = {
-        "user_id": size(histories.user_ids),
-        "ad_id": size(histories.values["ad_id"], examples["ad_id"].to_numpy()),
+        "user_id": vocabularies["user_id"].size,
+        "ad_id": vocabularies["ad_id"].size,
         "advertiser_id": size(histories.values["advertiser_id"], examples["advertiser_id"].to_numpy()),
         "category_id": size(histories.values["category_id"], examples["category_id"].to_numpy()),
         "action": len(ACTIONS),
@@ -190,6 +212,12 @@ def _vocab(examples: pd.DataFrame, histories, ranker: pa.Table | None) -> dict[s
     if ranker is not None and "user_country" in ranker.column_names:
         country = ranker.column("user_country").drop_null().to_numpy()
         vocab["country"] = size(country)
+    for name, rows in vocab.items():  # attribute ids are used as rows directly: refuse a huge table here
+        if rows > max_rows:
+            raise VocabularyError(
+                f"{name}: ids up to {rows - 1:,} would need a table of {rows:,} rows, over "
+                f"vocabulary.max_rows {max_rows:,}; re-import with small ids for {name} or raise the limit"
+            )
     return vocab
 
 
@@ -240,7 +268,9 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     examples = build_examples(events, histories, start, end, cfg)
     if cfg.split == "leave-one-out":
         examples["split"] = leave_one_out_split(examples)
+    vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
     del events
+    save_vocabularies(vocabularies, out)
     _write(_items(ws, end), out / "items.parquet")
     _write(histories.to_arrow(), out / "sequences.parquet")
     _write(
@@ -266,7 +296,8 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
             "clicks": int(examples["click"].sum()),
             "conversions": int(examples["conversion"].sum()),
         },
-        "vocab_sizes": _vocab(examples, histories, ranker),
+        "vocab_sizes": _vocab(examples, histories, ranker, vocabularies, cfg.vocabulary.max_rows),
+        "vocabulary": {f: {"rows": v.size, "hash_buckets": v.buckets} for f, v in vocabularies.items()},
         "split": cfg.split,
         "history_fields": ["ad_id", "action", "surface", "category_id", "advertiser_id", "ts"],
         "feature_refs": refs,

@@ -50,6 +50,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected a boolean, got {value!r}")
     if hint is str and value is None:  # an empty YAML value: "" rather than the string "None"
         return ""
+    if hint is int and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
+        raise ConfigError(f"{where}: expected a whole number (int), got {value!r}")  # int(16.5) would be 16
     if hint in (int, float, str):
         try:
             return hint(value)
@@ -81,7 +83,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     """Defaults < YAML file < overrides (``["train.lr=0.01", ...]`` or a flat ``{"train.lr": 0.01}``)."""
     data: dict[str, Any] = to_dict(cls())
     if path:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = _yaml(Path(path).read_text(), str(path)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         _deep_update(data, loaded)
@@ -90,9 +92,20 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         if value is None:
             continue
         if isinstance(value, str):  # "key=" means the empty string, not YAML's null
-            value = yaml.safe_load(value) if value.strip() else ""
+            value = _yaml(value, f"--set {key}") if value.strip() else ""
         _set_path(data, key, value)
     return _from_dict(cls, data)
+
+
+def _yaml(text: str, where: str) -> Any:
+    """Parsed YAML, or a one-line ConfigError naming where and what (line, column) is wrong."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
 
 
 def _split(override: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ Arrow list columns are already values + offsets: we keep them flat and slice eac
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass, fields, replace
@@ -22,6 +23,7 @@ import torch
 
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
+from features.vocabulary import Vocabulary, load_vocabularies
 from models.transforms import fresh_cutoff, lengths, normalize_age, previous_gaps, time_bucket
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
 CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
 LABELS = ("click", "conversion")
+USER_VOCAB_ROW = "user_vocab_row"  # examples' user_id as the row of the model's user table (an id column)
 DAY_S = 86_400
 # Where the user model cuts each example's history: at the example itself, or at the start of its day.
 SNAPSHOTS = {"example": 0, "day": DAY_S}
@@ -37,7 +40,7 @@ EXAMPLE_COLUMNS = ("user_id", "user_row", "cut", "ad_id", "advertiser_id", "cate
 # ``*_id`` column is an id, embedded or ignored, never a number).
 NOT_DENSE = {
     "user_row", "cut", "surface", "ts", "click", "conversion", "split", "user_embedding", "model_version",
-    "event_timestamp", "created", "created_ts", *(f"{p}{c}" for p in ("", "user_") for c in ("age", "gender", "country")),
+    "event_timestamp", "created", "created_ts", USER_VOCAB_ROW, *(f"{p}{c}" for p in ("", "user_") for c in ("age", "gender", "country")),
 }  # fmt: skip
 # The user profile as ranker.parquet names it (Feast ``user_profile`` view), with plain names as fallback.
 PROFILE_COLUMNS = {
@@ -170,7 +173,10 @@ def _squash(x: np.ndarray) -> np.ndarray:
 class TrainingSet:
     """One training-set folder loaded into flat arrays: histories stay values + offsets."""
 
-    def __init__(self, path: Path, *, require_ranker: bool = False):
+    def __init__(
+        self, path: Path, *, require_ranker: bool = False, vocabularies: dict[str, Vocabulary] | None = None
+    ):
+        """``vocabularies``: map raw ids with these (a trained model's) instead of the set's own."""
         self.path = Path(path)
         for name in ("sequences.parquet", "examples.parquet"):
             if not (self.path / name).exists():
@@ -193,7 +199,34 @@ class TrainingSet:
         too_long = self.examples["cut"].to_numpy() > self.seq_lengths[self.examples["user_row"].to_numpy()]
         if too_long.any():
             raise TrainingSetError(f"{int(too_long.sum())} example(s) have a cut beyond their user's history")
+        self.raw_ids = {
+            "user_id": self.examples["user_id"].to_numpy(np.int64).copy(),
+            "ad_id": self.examples["ad_id"].to_numpy(np.int64).copy(),
+            "seq_ad_id": self.seq_values["ad_id"].copy(),
+        }
+        self.vocabularies: dict[str, Vocabulary] = {}
+        self._map_ids(load_vocabularies(self.path) if vocabularies is None else vocabularies)
         self.vocab = self._vocab()
+
+    def _map_ids(self, vocabularies: dict[str, Vocabulary]) -> None:
+        """Raw ``user_id`` / ``ad_id`` -> model rows (unknown -> OOV); a set without vocabularies keeps its ids
+        as rows (sets built before vocabularies, and synthetic ones whose ids are already small)."""
+        self.vocabularies = dict(vocabularies)
+        v = self.vocabularies.get("user_id")  # ``user_id`` stays raw: splits and metrics group users by it
+        self.examples[USER_VOCAB_ROW] = v.map(self.raw_ids["user_id"]) if v else self.raw_ids["user_id"]
+        v = self.vocabularies.get("ad_id")
+        self.examples["ad_id"] = v.map(self.raw_ids["ad_id"]) if v else self.raw_ids["ad_id"]
+        self.seq_values["ad_id"] = v.map(self.raw_ids["seq_ad_id"]) if v else self.raw_ids["seq_ad_id"]
+
+    def as_seen_by(self, vocabularies: dict[str, Vocabulary]) -> TrainingSet:
+        """This set with its ids mapped by another model's vocabularies (a user model feeding the ranker)."""
+        if not vocabularies or vocabularies is self.vocabularies:
+            return self
+        other = copy.copy(self)
+        other.examples = self.examples.copy()
+        other.seq_values = dict(self.seq_values)
+        other._map_ids(vocabularies)
+        return other
 
     def _load_sequences(self, table: pa.Table) -> None:
         missing = [f for f in HISTORY_FIELDS if f not in table.column_names]
@@ -224,9 +257,11 @@ class TrainingSet:
             "action": len(ACTIONS),
             "surface": len(SURFACES),
             "gender": len(GENDERS),
-            "user_id": int(self.examples["user_id"].max()) + 1 if len(self.examples) else 1,
+            "user_id": int(self.examples[USER_VOCAB_ROW].max()) + 1 if len(self.examples) else 1,
         }
         for f in ("ad_id", "category_id", "advertiser_id", "action", "surface"):
+            if f in self.vocabularies:
+                continue
             vals = [self.seq_values[f].max(initial=-1), self.examples[f].max() if f in self.examples else -1]
             seen[f] = max(seen.get(f, 0), int(max(vals)) + 1)
         if self.ranker is not None:
@@ -235,7 +270,9 @@ class TrainingSet:
                 if col is not None and (~np.isnan(col)).any():
                     seen[f] = max(seen.get(f, 0), int(np.nanmax(col)) + 1)
         seen.setdefault("country", 1)
-        return {k: max(int(sizes.get(k, 0)), v, 1) for k, v in seen.items()}
+        for name, v in self.vocabularies.items():  # mapped ids: the table is the vocabulary
+            seen[name] = v.size
+        return {k: v if k in self.vocabularies else max(int(sizes.get(k, 0)), v, 1) for k, v in seen.items()}
 
     # ------------------------------------------------------------------------------------------- slicing
     def split_rows(self, split: str) -> np.ndarray:
@@ -350,7 +387,7 @@ class TrainingSet:
             return torch.from_numpy(np.nan_to_num(col[rows], nan=-1).astype(np.int64))  # missing -> OOV row
 
         return Profile(
-            user_id=torch.from_numpy(self.examples["user_id"].to_numpy(np.int64)[rows]),
+            user_id=torch.from_numpy(self.examples[USER_VOCAB_ROW].to_numpy(np.int64)[rows]),
             gender=ids("gender"),
             country=ids("country"),
             dense=torch.from_numpy(age_dense[rows]),

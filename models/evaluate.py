@@ -181,6 +181,7 @@ def load_for_evaluation(run_dir: str | Path, training_set: str | Path, fresh_as_
         raise ValueError(f"fresh_as_of must be 'served' or 'day', got {fresh_as_of!r}")
     bundle = load_bundle(run_dir)
     data = TrainingSet(Path(training_set), require_ranker=bundle.kind == "ranker")
+    data = data.as_seen_by(bundle.vocabularies)
     cfg = bundle.cfg
     if bundle.kind == "user":
         builder = BatchBuilder(

@@ -9,13 +9,14 @@ blocks load as the plain-PyTorch ``models.layers.MixtureOfExperts``, so no DeepS
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from features.vocabulary import Vocabulary
 from gemflow.config import load_config, to_dict
 from models.config import RankerConfig, SASRecConfig, UserModelConfig
 from models.data import BatchBuilder, DenseSpec, TrainingSet
@@ -43,6 +44,8 @@ class ModelBundle:
     items: ItemAttributes | None = (
         None  # user models that read item attributes: the table they were trained on
     )
+    # raw user_id / ad_id -> rows of its tables (``features.vocabulary``); {} when its ids are the rows
+    vocabularies: dict[str, Vocabulary] = field(default_factory=dict)
 
     @property
     def cfg(self):
@@ -77,6 +80,14 @@ def save_bundle(path: Path, bundle: ModelBundle, state_dict: dict[str, torch.Ten
     }
     if bundle.items is not None:
         payload["item_attributes"] = bundle.items.to_payload()
+    if bundle.vocabularies:  # plain tensors: the file still loads with weights_only=True
+        payload["vocabularies"] = {
+            name: {
+                k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                for k, v in voc.to_payload().items()
+            }
+            for name, voc in bundle.vocabularies.items()
+        }
     if bundle.moe:
         payload["moe"] = {"num_experts": int(bundle.moe["num_experts"]), "top_k": int(bundle.moe["top_k"])}
     atomic_save(payload, path)
@@ -101,9 +112,13 @@ def load_bundle(path: str | Path) -> ModelBundle:
     )  # fmt: skip
     model.load_state_dict(payload["state_dict"])
     model.eval()
+    vocabularies = {
+        name: Vocabulary.from_payload({k: v.numpy() if torch.is_tensor(v) else v for k, v in p.items()})
+        for name, p in payload.get("vocabularies", {}).items()
+    }
     return ModelBundle(
         payload["kind"], model, payload["vocab"], dense, payload["user_token_dim"], payload["version"],
-        payload["user_model_version"], moe, items,
+        payload["user_model_version"], moe, items, vocabularies,
     )  # fmt: skip
 
 
@@ -140,6 +155,7 @@ def embed_examples(bundle: ModelBundle, data: TrainingSet, batch_size: int = 512
     if bundle.kind != "user":
         raise ValueError("cached user embeddings come from a user model, got a ranker")
     model, cfg = bundle.model, bundle.cfg
+    data = data.as_seen_by(bundle.vocabularies)
     builder = BatchBuilder(
         data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
     )

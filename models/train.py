@@ -37,7 +37,14 @@ from gemflow.config import save_config
 from gemflow.workspace import Workspace
 from models import run_folder
 from models.config import TrainRunConfig, resolve_user_model, validate
-from models.data import SNAPSHOTS, BatchBuilder, DenseSpec, TrainingSet, leave_one_out_split
+from models.data import (
+    SNAPSHOTS,
+    USER_VOCAB_ROW,
+    BatchBuilder,
+    DenseSpec,
+    TrainingSet,
+    leave_one_out_split,
+)
 from models.inference import (
     ModelBundle,
     atomic_save,
@@ -139,7 +146,9 @@ def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | No
         )  # fmt: skip
     model = build_model(cfg.model, mc, data.vocab, len(dense.columns), token_dim)
     init_output_bias(model, data.labels(train_rows).numpy().mean(0))
-    bundle = ModelBundle(cfg.model, model, data.vocab, dense, token_dim, "", user_model_version)
+    bundle = ModelBundle(
+        cfg.model, model, data.vocab, dense, token_dim, "", user_model_version, vocabularies=data.vocabularies
+    )
     return Setup(data, builder, bundle, train_rows, valid_rows, test_rows)
 
 
@@ -185,6 +194,7 @@ def user_tokens_per_example(bundle: ModelBundle, data: TrainingSet, batch_size: 
     as of the example itself (``snapshot="example"``), or as of its day's start (``"day"``: one encode per user-day,
     the daily refresh). Either way no event at or after the example's own cut enters its tokens."""
     every = SNAPSHOTS[getattr(bundle.cfg, "snapshot", "example")]
+    data = data.as_seen_by(bundle.vocabularies)  # the user model's own rows, whatever set feeds the ranker
     if not every:
         return embed_examples(bundle, data)
     rows = np.arange(len(data.examples))
@@ -197,7 +207,7 @@ def user_tokens_per_example(bundle: ModelBundle, data: TrainingSet, batch_size: 
             h = data.history(
                 head[chunk], cfg.max_history, cfg.time_buckets, gap_to="previous", cuts=cuts[head[chunk]]
             )
-            user_id = torch.from_numpy(data.examples["user_id"].to_numpy(np.int64)[head[chunk]])
+            user_id = torch.from_numpy(data.examples[USER_VOCAB_ROW].to_numpy(np.int64)[head[chunk]])
             out.append(model.encode_user(h, user_id).flatten(1))
     per_group = torch.cat(out).numpy().astype(np.float32)
     return per_group[group]

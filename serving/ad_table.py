@@ -43,16 +43,36 @@ from serving.stats import AD_REFRESH_FAILING, AD_REFRESHES, CHILD_DEATHS, CHILD_
 log = logging.getLogger(__name__)
 
 UTC = dt.UTC
+# Ads are held in arrays indexed by their id while max id + 1 <= SPARSE_FACTOR * ads + SPARSE_SLACK.
+SPARSE_FACTOR, SPARSE_SLACK = 8, 1 << 20
 
 
 @dataclass(frozen=True)
 class AdSnapshot:
-    """``columns[name][ad_id]`` (float64, NaN where the store has no value); ``known[ad_id]`` marks loaded ads."""
+    """``columns[name][pos]`` (float64, NaN where the store has no value); ``known[pos]`` marks loaded ads.
+
+    ``pos`` is the ad id itself while ids are small (an array of max id + 1 rows), else the ad's place in the
+    sorted ``ids`` (hashed text ids, 1e11-sized integers): ``positions`` turns raw ids into either."""
 
     columns: dict[str, np.ndarray]
-    known: np.ndarray  # (max_id + 1,) bool
+    known: np.ndarray  # (positions,) bool
     as_of: dt.datetime | None  # newest feature timestamp in the snapshot (the data's "as of")
     loaded_at: dt.datetime  # wall clock of the refresh that built it
+    ids: np.ndarray | None = None  # sorted raw ad ids when positions are not the ids themselves
+
+    def positions(self, ad_ids: np.ndarray) -> np.ndarray:
+        """Each raw ad id's position in the arrays, -1 outside them (``known`` still says whether it loaded)."""
+        ad_ids = np.asarray(ad_ids, np.int64)
+        if self.ids is None:
+            return np.where((ad_ids >= 0) & (ad_ids < len(self.known)), ad_ids, -1)
+        if not len(self.ids):
+            return np.full(ad_ids.shape, -1, np.int64)
+        at = np.minimum(np.searchsorted(self.ids, ad_ids), len(self.ids) - 1)
+        return np.where(self.ids[at] == ad_ids, at, -1)
+
+    def raw_ids(self) -> np.ndarray:
+        """The raw ad id of every position."""
+        return np.arange(len(self.known), dtype=np.int64) if self.ids is None else self.ids
 
     @property
     def num_ads(self) -> int:
@@ -70,6 +90,12 @@ class AdSnapshot:
         if len(ad_ids) and ad_ids.min() < 0:
             raise ValueError("ad ids must be >= 0")
         size = int(ad_ids.max()) + 1 if len(ad_ids) else 0
+        ids = None
+        if size > SPARSE_FACTOR * len(ad_ids) + SPARSE_SLACK:  # large ids: sorted, searched per request
+            order = np.argsort(ad_ids, kind="stable")
+            ids, ad_ids = ad_ids[order], np.arange(len(ad_ids))
+            values = {name: np.asarray(col)[order] for name, col in values.items()}
+            size = len(ids)
         known = np.zeros(size, bool)
         known[ad_ids] = True
         columns = {}
@@ -77,12 +103,13 @@ class AdSnapshot:
             arr = np.full(size, np.nan)
             arr[ad_ids] = np.asarray(col, np.float64)
             columns[name] = arr
-        return cls(columns, known, as_of, dt.datetime.now(UTC))
+        return cls(columns, known, as_of, dt.datetime.now(UTC), ids)
 
     def lookup(self, ad_ids: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(N, len(names)) float64 features (NaN for unknown ads or missing values) and the (N,) known mask."""
-        inside = (ad_ids >= 0) & (ad_ids < len(self.known))
-        idx = np.where(inside, ad_ids, 0)
+        pos = self.positions(ad_ids)
+        inside = pos >= 0
+        idx = np.where(inside, pos, 0)
         known = inside & (self.known[idx] if len(self.known) else False)
         out = np.full((len(ad_ids), len(names)), np.nan)
         for j, name in enumerate(names):

@@ -7,17 +7,21 @@ import urllib.error
 import urllib.request
 
 
-def v1_body(user_id: int, candidates: list[int], context: dict | None = None) -> dict:
+def v1_body(user_id: int | str, candidates: list[int | str], context: dict | None = None) -> dict:
     body: dict = {"user_id": user_id, "candidates": candidates}
     if context:
         body["context"] = context
     return body
 
 
-def v2_body(user_id: int, candidates: list[int], context: dict | None = None) -> dict:
+def v2_body(user_id: int | str, candidates: list[int | str], context: dict | None = None) -> dict:
+    def ids(values: list) -> str:  # the caller's text ids travel as BYTES
+        return "INT64" if all(type(v) is int for v in values) else "BYTES"
+
+    cands = candidates if ids(candidates) == "INT64" else [str(c) for c in candidates]
     inputs = [
-        {"name": "user_id", "shape": [1], "datatype": "INT64", "data": [user_id]},
-        {"name": "candidates", "shape": [len(candidates)], "datatype": "INT64", "data": candidates},
+        {"name": "user_id", "shape": [1], "datatype": ids([user_id]), "data": [user_id]},
+        {"name": "candidates", "shape": [len(candidates)], "datatype": ids(candidates), "data": cands},
     ]
     ctx = context or {}
     if "surface" in ctx:
@@ -55,8 +59,8 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, dict]:
 def rank(
     base_url: str,
     model: str,
-    user_id: int,
-    candidates: list[int],
+    user_id: int | str,
+    candidates: list[int | str],
     context: dict | None = None,
     protocol: str = "v1",
 ) -> tuple[int, dict]:

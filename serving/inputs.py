@@ -24,6 +24,7 @@ from features.schema import SURFACE_ID
 from models.data import Candidates, DenseSpec, Events, Profile
 from models.transforms import fresh_cutoff, normalize_age, time_bucket
 from serving.ad_table import AdSnapshot
+from serving.id_rows import IdRows
 from serving.user_features import UserFeatures
 
 MISSING_SURFACE = SURFACE_ID["feed"]
@@ -31,7 +32,8 @@ MISSING_SURFACE = SURFACE_ID["feed"]
 
 @dataclass
 class AdArrays:
-    """Per-snapshot, per-model arrays indexed by ad id (built once per refresh, not per request)."""
+    """Per-snapshot, per-model arrays indexed by ad position (``AdSnapshot.positions``; built once per refresh,
+    not per request). ``rows``: each position's row of the model's ad table (``id_rows``: its vocabulary)."""
 
     snapshot: AdSnapshot
     dense: np.ndarray  # (size, F) float32, normalized
@@ -39,9 +41,12 @@ class AdArrays:
     category: np.ndarray  # (size,) int64, -1 unknown
     missing_columns: list[str]  # trained dense columns the ad table does not hold
     default: np.ndarray  # (F,) the dense row of an ad without values (training's NaN handling)
+    rows: np.ndarray | None = None  # (size,) int64 model rows, -1 = the OOV row; None: the positions
+    id_rows: IdRows = IdRows()
 
     @classmethod
-    def build(cls, snap: AdSnapshot, spec: DenseSpec) -> AdArrays:
+    def build(cls, snap: AdSnapshot, spec: DenseSpec, id_rows: IdRows | None = None) -> AdArrays:
+        id_rows = id_rows or IdRows()
         size = len(snap.known)
         frame, missing = {}, []
         for col in spec.columns:
@@ -64,10 +69,16 @@ class AdArrays:
             return np.where(snap.known & ~np.isnan(col), np.nan_to_num(col, nan=-1), -1).astype(np.int64)
 
         adv, cat = ids("ad_advertiser_id"), ids("ad_category_id")
-        return cls(snap, dense.astype(np.float32), adv, cat, missing, default_dense_row(spec))
+        # positions are the model's rows already when ids are small and the model has no vocabulary
+        rows = None if id_rows.ad is None and snap.ids is None else id_rows.ad_rows(snap.raw_ids())[0]
+        return cls(snap, dense.astype(np.float32), adv, cat, missing, default_dense_row(spec), rows, id_rows)
+
+    def positions(self, raw_ad_ids: np.ndarray) -> np.ndarray:
+        return self.snapshot.positions(raw_ad_ids)
 
     def take(self, ad_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """dense (N, F), advertiser (N,), category (N,), known (N,) for ``ad_ids`` (unknown -> defaults)."""
+        """dense (N, F), advertiser (N,), category (N,), known (N,) for positions ``ad_ids`` (unknown ->
+        defaults)."""
         size = len(self.advertiser)
         inside = (ad_ids >= 0) & (ad_ids < size)
         idx = np.where(inside, ad_ids, 0)
@@ -120,11 +131,14 @@ def recent_events(
     filled = "recent_surfaces" not in rec
     surface = np.full(len(ad), MISSING_SURFACE, np.int64) if filled else rec["recent_surfaces"][take]
     # the view carries no advertiser per event: the ad table knows each ad's advertiser
-    advertiser = rec["recent_advertiser_ids"][take] if "recent_advertiser_ids" in rec else ads.take(ad)[1]
+    if "recent_advertiser_ids" in rec:
+        advertiser = rec["recent_advertiser_ids"][take]
+    else:
+        advertiser = ads.take(ads.positions(ad))[1]
     gap = time_bucket(np.int64(int(request_ts)) - ts, time_buckets)
     t = torch.from_numpy
     events = Events(
-        ad_id=t(ad.copy()),
+        ad_id=t(np.ascontiguousarray(ads.id_rows.ad_rows(ad)[0], np.int64)),
         action=t(rec["recent_actions"][take].copy()),
         surface=t(np.ascontiguousarray(surface)),
         category_id=t(rec["recent_category_ids"][take].copy()),
@@ -148,12 +162,33 @@ def profile(user_id: int, feats: UserFeatures | None) -> Profile:
     )
 
 
-def candidates(ad_ids: np.ndarray, surface: int, ads: AdArrays) -> tuple[Candidates, int]:
-    """Candidates of one request and how many were unknown to the ad table."""
+def candidate_rows(raw_ids: np.ndarray, positions: np.ndarray, ads: AdArrays) -> np.ndarray:
+    """The model's ad rows (-1 = its OOV row) of one request's candidates: gathered from the ad table's
+    per-position rows (computed once per snapshot), looked up in the vocabulary only for ads the table lacks."""
+    if ads.rows is None:
+        return ads.id_rows.ad_rows(raw_ids)[0]
+    inside = (positions >= 0) & (positions < len(ads.rows))
+    rows = ads.rows[np.where(inside, positions, 0)] if len(ads.rows) else np.zeros(len(raw_ids), np.int64)
+    if not inside.all():
+        rows = rows.copy()
+        rows[~inside] = ads.id_rows.ad_rows(raw_ids[~inside])[0]
+    return rows
+
+
+def candidates(
+    ad_ids: np.ndarray, surface: int, ads: AdArrays, ad_rows: np.ndarray | None = None
+) -> tuple[Candidates, int]:
+    """Candidates (ad positions) of one request and how many were unknown to the ad table. ``ad_rows``: their
+    rows of the model's ad table (from the raw ids, ``IdRows.ad_rows``); by default the ad table's."""
     dense, adv, cat, known = ads.take(ad_ids)
     n = len(ad_ids)
+    if ad_rows is None and ads.rows is None:
+        ad_rows = ad_ids
+    elif ad_rows is None:  # positions outside the table (warm-up sizes) -> the OOV row
+        inside = (ad_ids >= 0) & (ad_ids < len(ads.rows))
+        ad_rows = np.where(inside, ads.rows[np.where(inside, ad_ids, 0)] if len(ads.rows) else -1, -1)
     cands = Candidates(
-        ad_id=torch.from_numpy(ad_ids),
+        ad_id=torch.from_numpy(np.ascontiguousarray(ad_rows, np.int64)),
         advertiser_id=torch.from_numpy(adv),
         category_id=torch.from_numpy(cat),
         surface=torch.full((n,), surface, dtype=torch.int64),

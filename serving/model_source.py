@@ -9,7 +9,7 @@ training, e.g. before it is registered.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemflow.workspace import Workspace
@@ -24,6 +24,7 @@ class ServedModel:
     version: str  # what the response reports (registry version or run name)
     user_model_version: str  # the user model whose cached tokens the ranker was trained on ("" = none)
     uri: str
+    vocabularies: dict = field(default_factory=dict)  # raw id -> model row (``serving.id_rows``)
 
     @property
     def cfg(self):
@@ -56,7 +57,9 @@ def _from_bundle(path: str) -> ServedModel:
         raise ModelLoadError(str(err)) from err
     if bundle.kind != "ranker":
         raise ModelLoadError(f"{path} holds a {bundle.kind} model, not the ranker")
-    return ServedModel(bundle.model, bundle.dense, bundle.version, bundle.user_model_version or "", path)
+    return ServedModel(
+        bundle.model, bundle.dense, bundle.version, bundle.user_model_version or "", path, bundle.vocabularies
+    )
 
 
 def _from_mlflow(uri: str, tracking_uri: str, ws: Workspace | None) -> ServedModel:
@@ -79,8 +82,9 @@ def _from_mlflow(uri: str, tracking_uri: str, ws: Workspace | None) -> ServedMod
     version = str(pyfunc.metadata.model_id or uri) if hasattr(pyfunc, "metadata") else uri
     version = _registry_version(uri) or spec.get("version") or version
     return ServedModel(
-        wrapper.model, DenseSpec(**spec["dense"]), version, str(spec.get("user_model_version") or ""), uri
-    )
+        wrapper.model, DenseSpec(**spec["dense"]), version, str(spec.get("user_model_version") or ""), uri,
+        wrapper.bundle.vocabularies,
+    )  # fmt: skip
 
 
 def _registry_version(uri: str) -> str | None:

@@ -44,6 +44,7 @@ from serving.ad_table import (
 )
 from serving.config import ServingConfig
 from serving.feature_log import LOGGED, FeatureLog
+from serving.id_rows import IdRows
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
@@ -175,7 +176,7 @@ class RankerPredictor(Model):
         """The current ad snapshot as model-ready arrays (rebuilt only when the background refresh swapped it)."""
         snap = self.ads.snapshot
         if self._arrays is None or self._arrays.snapshot is not snap:
-            self._arrays = build.AdArrays.build(snap, self.served.dense)
+            self._arrays = build.AdArrays.build(snap, self.served.dense, IdRows.of(self.served.vocabularies))
             if self._arrays.missing_columns:
                 log.warning("ad table lacks trained dense column(s) %s", self._arrays.missing_columns)
         return self._arrays

@@ -105,13 +105,17 @@ class RequestScorer:
         elif tokens is None and served.ranker.user_proj is not None and feats is not None and feats.known:
             reasons.append(why_not)
         cold_start = served.ranker.user_proj is not None and tokens is None
-        user = UserInputs(recent, build.profile(req.user_id, feats), tokens)
+        # raw ids -> the model's rows (its vocabulary) and the ad table's positions; unknown ids -> OOV, flagged
+        user_row, user_in_vocab = ads.id_rows.user_row(req.user_id)
+        positions = ads.positions(req.candidates)
+        ad_rows = build.candidate_rows(req.candidates, positions, ads)
+        user = UserInputs(recent, build.profile(user_row, feats), tokens)
         # the candidates' rows from the cache where it covers them; their features only where it does not
-        queries = self.cache.queries(ads, req.surface, req.candidates)
+        queries = self.cache.queries(ads, req.surface, positions)
         if queries is None:
-            cands, unknown = build.candidates(req.candidates, req.surface, ads)
+            cands, unknown = build.candidates(positions, req.surface, ads, ad_rows)
         else:
-            cands, unknown = None, ads.unknown_count(req.candidates)
+            cands, unknown = None, ads.unknown_count(positions)
         if unknown:  # scored from the out-of-vocabulary row, all alike: the answer says so
             reasons.append("unknown_ads")
         t0 = time.perf_counter()
@@ -122,8 +126,10 @@ class RequestScorer:
         snap = ads.snapshot
         answer = {
             "request_id": job.request_id,
-            "user_id": req.user_id,
-            "ad_ids": req.candidates[order],
+            "user_id": req.user_id if req.user_key is None else req.user_key,
+            "ad_ids": req.candidates[order]
+            if req.candidate_keys is None
+            else [req.candidate_keys[i] for i in order],
             "p_click": probs[order, 0],
             "p_conversion": probs[order, 1],
             "model_name": self.model_name,
@@ -138,6 +144,8 @@ class RequestScorer:
                 "feature_store_unavailable": job.store_problem is not None,
                 "ad_table_loaded": ads_loaded,
                 "unknown_ads": unknown,
+                "unknown_user_id": not user_in_vocab,  # not in the model's vocabulary: its OOV row
+                "unknown_ad_ids": int((ad_rows < 0).sum()),
                 "recent_surfaces_filled": filled,
                 "reasons": reasons,
             },

@@ -3,7 +3,8 @@
     {"user_id": 42, "candidates": [7, 19, 3], "context": {"surface": "feed", "hour": 13, "request_ts": 1.7e9}}
 
 V1 accepts that object as the body (or wrapped as ``{"instances": [<it>]}``); V2 / Open Inference Protocol
-sends the same fields as named tensors (``serving.v2``). Strict types: no strings for numbers, no floats or
+sends the same fields as named tensors (``serving.v2``). Ids are integers or text (the caller's own
+ids, echoed back as sent). Strict types: no strings for numbers, no floats or
 booleans for ids, no NaN/inf, no unknown fields, no duplicate or negative ids, and a ``request_ts`` inside the
 window the server allows around its clock (``ts_bounds``).
 """
@@ -18,9 +19,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from features.schema import SURFACES
+from features.vocabulary import raw_id
 
 INT64_MAX = 2**63 - 1
 Id = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# The caller's own id: an integer, or text (hashed as the importer hashes it, ``features.vocabulary.raw_id``).
+AnyId = Id | Annotated[str, Field(min_length=1, max_length=256)]
 V2_INT = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
 V2_FLOAT = ("FP32", "FP64")
 # the deepest a request nests (V2: body > inputs > tensor > data > row is 5): a rejected body deeper than this is
@@ -49,8 +53,8 @@ class RankContext(BaseModel):
 class RankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    user_id: Id
-    candidates: list[Id]
+    user_id: AnyId
+    candidates: list[AnyId]
     context: RankContext = Field(default_factory=RankContext)
 
 
@@ -62,16 +66,35 @@ class ParsedRequest:
     hour: int | None
     request_ts: float | None
     wrapped: bool  # V1 ``instances`` form: answer as ``predictions``
+    user_key: str | None = None  # the user id as sent, when it was text (``user_id`` is its raw int64)
+    candidate_keys: list | None = None  # the candidates as sent, when any was text (answers echo them)
+
+
+UNION_BRANCHES = {"constrained-int": int, "constrained-str": str}  # an id's two types (``AnyId``)
+
+
+def _errors(err: ValidationError) -> list[dict]:
+    """One error per field: of an id's two union branches, the one matching what was sent (text or not)."""
+    out: dict[tuple, dict] = {}
+    for e in err.errors():
+        branch = UNION_BRANCHES.get(e["loc"][-1]) if e["loc"] else None
+        loc = e["loc"][:-1] if branch else e["loc"]
+        if branch is not None and (branch is str) != isinstance(e.get("input"), str):
+            out.setdefault(loc, {**e, "loc": loc})
+            continue
+        out[loc] = {**e, "loc": loc}
+    return list(out.values())
 
 
 def _describe(err: ValidationError) -> str:
     parts = []
-    for e in err.errors()[:5]:
+    errors = _errors(err)
+    for e in errors[:5]:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "body"
         got = e.get("input")
         shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {short(got)})"
         parts.append(f"{loc}: {e['msg']}{shown}")
-    more = err.error_count() - len(parts)
+    more = len(errors) - len(parts)
     return "; ".join(parts) + (f"; and {more} more problem(s)" if more > 0 else "")
 
 
@@ -136,7 +159,8 @@ def _check(
         raise RequestError("candidates: the list is empty (send 1 or more ad ids)")
     if n > max_candidates:
         raise RequestError(f"candidates: {n} ad ids is more than the limit of {max_candidates}")
-    cands = np.asarray(req.candidates, dtype=np.int64)
+    keys = req.candidates if any(type(c) is str for c in req.candidates) else None
+    cands = np.asarray(req.candidates if keys is None else [raw_id(c) for c in keys], dtype=np.int64)
     ordered = np.sort(cands)
     if (ordered[1:] == ordered[:-1]).any():  # (a sort and one compare: half of np.unique's time)
         dup = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])[:5].tolist()
@@ -151,10 +175,12 @@ def _check(
             "(epoch seconds around the server clock; omit it to use the server's clock)"
         )
     return ParsedRequest(
-        user_id=req.user_id,
+        user_id=raw_id(req.user_id),
         candidates=cands,
         surface=SURFACES.index(ctx.surface),
         hour=ctx.hour,
         request_ts=ctx.request_ts,
         wrapped=wrapped,
+        user_key=req.user_id if type(req.user_id) is str else None,
+        candidate_keys=keys,
     )

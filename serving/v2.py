@@ -32,8 +32,8 @@ FLOATS = ("FP32", "FP64")
 RANGES = {k: (int(np.iinfo(DTYPES[k]).min), int(np.iinfo(DTYPES[k]).max)) for k in INTS}
 # input name -> allowed datatypes, and whether it holds one value (shape [1] or [1, 1])
 INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "user_id": (INTS, True),
-    "candidates": (INTS, False),
+    "user_id": (INTS + ("BYTES",), True),  # BYTES: the caller's own text ids
+    "candidates": (INTS + ("BYTES",), False),
     "surface": (("BYTES",), True),
     "hour": (INTS, True),
     "request_ts": (INTS + FLOATS, True),
@@ -290,6 +290,18 @@ def encode(
     """(body, extra headers) of the response: JSON, or JSON header + raw outputs when any output is binary."""
     outputs, tail = [], []
     for name in req.outputs:
+        if isinstance(arrays[name], list):  # text ids, echoed as the caller sent them
+            tensor, raw = (
+                {"name": name, "datatype": "BYTES", "shape": [len(arrays[name])]},
+                _bytes(arrays[name]),
+            )
+            if name in req.binary:
+                tensor["parameters"] = {"binary_data_size": len(raw)}
+                tail.append(raw)
+            else:
+                tensor["data"] = [str(v) for v in arrays[name]]
+            outputs.append(tensor)
+            continue
         arr = np.ascontiguousarray(arrays[name], dtype=DTYPES[OUTPUTS[name]])
         tensor = {"name": name, "datatype": OUTPUTS[name], "shape": [len(arr)]}
         if name in req.binary:
@@ -314,6 +326,12 @@ def encode(
         (b"inference-header-content-length", str(len(head)).encode()),
     ]
     return head + b"".join(tail), headers
+
+
+def _bytes(values: list) -> bytes:
+    """The binary BYTES layout of ``values`` (each: 4-byte little-endian length, then its UTF-8 text)."""
+    parts = [str(v).encode() for v in values]
+    return b"".join(len(p).to_bytes(4, "little") + p for p in parts)
 
 
 def metadata(model_name: str, model_version: str) -> dict:

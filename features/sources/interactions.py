@@ -17,8 +17,8 @@ their sorted vocabulary, written to the run folder with the id maps.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,14 @@ from tqdm import tqdm
 
 from features.schema import ACTION_ID, ACTIONS, GENDERS, SCHEMAS, SURFACES, TS
 from features.sources import writer
+from features.sources.interaction_rows import (
+    RowFormatError,
+    flag_values,
+    parse_timestamps,
+    quarantine_rows,
+    rows_text,
+)
+from features.vocabulary import text_id
 from gemflow.config import save_config
 from gemflow.workspace import Workspace
 
@@ -41,7 +49,6 @@ GENDER_SPELLINGS = {
     "female": ("f", "female", "woman"),
     "unknown": ("", "u", "unknown", "na", "n/a", "none"),
 }
-TRUE_LABELS, FALSE_LABELS = ("1", "true", "yes", "y", "t"), ("0", "false", "no", "n", "f")
 READERS = {
     ".csv": ",",
     ".tsv": "\t",
@@ -63,8 +70,13 @@ class InteractionFormat:
     item_col: str = "item_id"
     ts_col: str | None = None  # unix time (ts_unit) or date-time text (UTC unless it carries an offset)
     ts_unit: str = "s"
+    ts_format: str | None = None  # strptime format of text timestamps; required for dates like 01/03/2026
+    min_ts: str = (
+        "1990-01-01"  # rows before this time (UTC) are quarantined: negative epochs, 1970 placeholders
+    )
     order_col: str | None = None  # order within the user, when there are no timestamps
     label_col: str | None = None  # 0/1, true/false, yes/no
+    conversion_col: str | None = None  # 0/1 purchase / conversion flag; a conversion is also a positive
     rating_col: str | None = None
     positive_rating: float | None = None  # label = rating >= this (when there is no label column)
     strong_rating: float | None = None  # rating >= this also yields a conversion
@@ -84,6 +96,10 @@ class InteractionFormat:
     positive_only: bool = False
     base_date: str = "2026-01-01"  # where synthetic timestamps start (order-only input): one per minute
     delimiter: str | None = None  # CSV delimiter; by default from the file extension
+    encoding: str = "utf-8"  # text encoding of CSV/TSV input (e.g. latin-1, cp1252)
+    # Bad rows (empty id, unparseable or too old timestamp, bad label) are quarantined with a reason; a larger
+    # share than this means a wrong setting rather than bad rows, and stops the import.
+    max_bad_fraction: float = 0.1
 
 
 @dataclass
@@ -96,15 +112,20 @@ class RawLog:
     stats: dict[str, Any] = field(default_factory=dict)
     vocabularies: dict[str, list[str]] = field(default_factory=dict)
     id_maps: dict[str, pd.DataFrame] = field(default_factory=dict)  # raw id -> int64, where ids were hashed
+    quarantined: pd.DataFrame | None = None  # bad input rows: ``row`` (1-based), ``reason``, their columns
 
 
-def read_table(source: str | Path | pd.DataFrame, delimiter: str | None = None) -> pd.DataFrame:
+def read_table(
+    source: str | Path | pd.DataFrame, delimiter: str | None = None, encoding: str = "utf-8"
+) -> pd.DataFrame:
     """A DataFrame from CSV/TSV/parquet (optionally compressed: .gz, .bz2, .zst, .xz)."""
     if isinstance(source, pd.DataFrame):
         return source
     path = Path(source)
     if not path.exists():
         raise InteractionFormatError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise InteractionFormatError(f"{path}: the file is empty (0 bytes)")
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in (".gz", ".bz2", ".zst", ".xz", ".zip"):
         suffixes = suffixes[:-1]
@@ -116,7 +137,21 @@ def read_table(source: str | Path | pd.DataFrame, delimiter: str | None = None) 
             f"{path}: unknown file type {kind or '(none)'}; use .csv, .tsv or .parquet, or give a delimiter"
         )
     sep = delimiter or READERS[kind]
-    return pd.read_csv(path, sep=sep, engine="python" if sep is None else "c", keep_default_na=True)
+    try:
+        return pd.read_csv(
+            path, sep=sep, engine="python" if sep is None else "c", keep_default_na=True, encoding=encoding
+        )
+    except UnicodeDecodeError as err:
+        raise InteractionFormatError(
+            f"{path}: not {encoding} text (byte 0x{err.object[err.start]:02x} at position {err.start}); "
+            "give its encoding, e.g. --encoding latin-1"
+        ) from None
+    except LookupError:
+        raise InteractionFormatError(f"{path}: unknown encoding {encoding!r}") from None
+    except pd.errors.EmptyDataError:
+        raise InteractionFormatError(f"{path}: no header and no rows (only blank lines)") from None
+    except pd.errors.ParserError as err:
+        raise InteractionFormatError(f"{path}: not {kind or 'delimited'} text: {err}".strip()) from None
 
 
 def import_interactions(
@@ -129,23 +164,57 @@ def import_interactions(
     source: str = "interactions",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Convert and write day partitions into ``ws``; record the format, vocabularies and id maps of the run."""
-    log = to_raw(
-        read_table(interactions, fmt.delimiter),
-        fmt,
-        items=None if items is None else read_table(items, fmt.delimiter),
-        users=None if users is None else read_table(users, fmt.delimiter),
-    )
+    """Convert and write day partitions into ``ws``; record the format, vocabularies and id maps of the run.
+    Bad rows go to the run folder's ``quarantine.parquet`` with their row number and reason."""
+    name = "interactions" if isinstance(interactions, pd.DataFrame) else str(interactions)
+    try:
+        frame = read_table(interactions, fmt.delimiter, fmt.encoding)
+        log = to_raw(
+            frame,
+            fmt,
+            items=None if items is None else read_table(items, fmt.delimiter, fmt.encoding),
+            users=None if users is None else read_table(users, fmt.delimiter, fmt.encoding),
+        )
+    except InteractionFormatError as err:
+        text = str(err)
+        raise InteractionFormatError(text if text.startswith(name) else f"{name}: {text}") from None
     days = write_raw(log, ws, progress=progress)
     summary = {"source": source, **log.stats, "days": len(days), "first_day": days[0], "last_day": days[-1]}
+    summary["warnings"] = unused_conversion_columns(frame, fmt)
+    if log.stats["quarantined"]:
+        summary["warnings"].append(
+            f"{log.stats['quarantined']} bad row(s) quarantined (not imported): {log.stats['quarantine_reasons']}"
+        )
     run_dir = ws.raw("_runs") / f"{source}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S%fZ}"
     save_config(fmt, run_dir)
+    if log.quarantined is not None and len(log.quarantined):
+        path = run_dir / "quarantine.parquet"
+        log.quarantined.astype({c: "string" for c in log.quarantined.columns if c != "row"}).to_parquet(
+            path, index=False
+        )
+        summary["quarantine"] = str(path)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run_dir / "vocabularies.json").write_text(json.dumps(log.vocabularies, indent=2))
     for name, mapping in log.id_maps.items():
         mapping.to_parquet(run_dir / f"{name}_ids.parquet", index=False)
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+CONVERSION_NAMES = re.compile(r"purchas|conver|bought|order|checkout|sale", re.IGNORECASE)
+
+
+def unused_conversion_columns(frame: pd.DataFrame, fmt: InteractionFormat) -> list[str]:
+    """Warnings for columns that look like conversions while the format reads none (they would import as 0)."""
+    if fmt.conversion_col or fmt.strong_rating is not None:
+        return []
+    used = {fmt.user_col, fmt.item_col, fmt.ts_col, fmt.order_col, fmt.label_col, fmt.rating_col}
+    return [
+        f"column {c!r} looks like a conversion flag but is not read, so every conversion is 0: "
+        f"give --conversion-col {c}"
+        for c in frame.columns
+        if c not in used and CONVERSION_NAMES.search(str(c))
+    ]
 
 
 def write_raw(log: RawLog, ws: Workspace, *, progress: bool = True) -> list[str]:
@@ -181,7 +250,11 @@ def to_raw(
     _check_format(fmt, interactions, items, users)
     if interactions.empty:
         raise InteractionFormatError("the interaction log has no rows")
-    frame = interactions.reset_index(drop=True)
+    try:
+        frame, quarantined = quarantine_rows(interactions.reset_index(drop=True), fmt)
+    except RowFormatError as err:
+        raise InteractionFormatError(str(err)) from None
+    frame = frame.reset_index(drop=True)
     id_maps: dict[str, pd.DataFrame] = {}
     user_id = _ids(frame[fmt.user_col], fmt.user_col, "user", id_maps)
     item_id = _ids(frame[fmt.item_col], fmt.item_col, "item", id_maps)
@@ -210,8 +283,10 @@ def to_raw(
         conversions=int(strong.sum()) if strong is not None else 0,
         users=user_table.num_rows,
         items=ads.num_rows,
+        quarantined=len(quarantined),
+        quarantine_reasons=quarantined["reason"].value_counts().to_dict(),
     )
-    return RawLog(events, user_table, ads, stats, vocabularies, id_maps)
+    return RawLog(events, user_table, ads, stats, vocabularies, id_maps, quarantined)
 
 
 def _check_format(fmt: InteractionFormat, interactions, items, users) -> None:
@@ -227,6 +302,10 @@ def _check_format(fmt: InteractionFormat, interactions, items, users) -> None:
         )
     if fmt.strong_rating is not None and not fmt.rating_col:
         raise InteractionFormatError("strong_rating needs rating_col")
+    if fmt.conversion_col and (fmt.strong_rating is not None or fmt.positive_only):
+        raise InteractionFormatError(
+            "conversion_col marks conversions itself: drop strong_rating / positive_only"
+        )
     if fmt.surface not in SURFACES:
         raise InteractionFormatError(f"surface {fmt.surface!r} is not one of {list(SURFACES)}")
     if fmt.unlabeled_action not in ACTIONS or fmt.unlabeled_action in ("click", "conversion"):
@@ -247,6 +326,7 @@ def _check_format(fmt: InteractionFormat, interactions, items, users) -> None:
         interactions,
         "interactions",
         [fmt.user_col, fmt.item_col, fmt.ts_col, fmt.order_col, fmt.label_col, fmt.rating_col]
+        + [fmt.conversion_col]
         + (item_side if items is None else [])
         + (user_side if users is None else []),
     )
@@ -259,12 +339,20 @@ def _check_format(fmt: InteractionFormat, interactions, items, users) -> None:
 def _require(frame: pd.DataFrame, name: str, columns: list[str | None]) -> None:
     missing = [c for c in columns if c and c not in frame.columns]
     if missing:
-        raise InteractionFormatError(f"{name}: missing column(s) {missing}; it has {list(frame.columns)}")
+        hint = ""
+        if len(frame.columns) == 1:  # one wide column: the file is split on another character
+            found = [d for d in (";", "\t", "|", ",", " ") if d in str(frame.columns[0])]
+            if found:
+                shown = "tab" if found[0] == "\t" else found[0]
+                hint = f" (its header looks {shown!r}-delimited: give --delimiter {shown!r})"
+        raise InteractionFormatError(
+            f"{name}: missing column(s) {missing}; it has {list(frame.columns)}{hint}"
+        )
 
 
 def _examples(values: pd.Series, bad: np.ndarray) -> str:
     sample = pd.unique(values[bad].astype(str))[:5]
-    return f"{int(bad.sum())} row(s), e.g. {list(sample)}"
+    return f"{int(bad.sum())} row(s) ({rows_text(values.index[bad])}), e.g. {list(sample)}"
 
 
 def _ids(values: pd.Series, column: str, kind: str, id_maps: dict[str, pd.DataFrame]) -> np.ndarray:
@@ -272,6 +360,8 @@ def _ids(values: pd.Series, column: str, kind: str, id_maps: dict[str, pd.DataFr
     missing = values.isna().to_numpy()
     if missing.any():
         raise InteractionFormatError(f"{column}: {int(missing.sum())} empty {kind} id(s)")
+    if pd.api.types.is_float_dtype(values) and (values == np.floor(values)).all():
+        values = values.astype(np.int64)  # integers read as floats (a column that had an empty cell)
     if pd.api.types.is_integer_dtype(values):
         ids = values.to_numpy(dtype=np.int64)
         if (ids < 0).any():
@@ -279,15 +369,11 @@ def _ids(values: pd.Series, column: str, kind: str, id_maps: dict[str, pd.DataFr
         return ids
     text = values.astype(str)
     unique = pd.unique(text)
-    hashed = np.array([_stable_hash(v) for v in unique], dtype=np.int64)
+    hashed = np.array([text_id(v) for v in unique], dtype=np.int64)
     if len(np.unique(hashed)) != len(unique):
         raise InteractionFormatError(f"{column}: two {kind} ids hash to the same int64; rename one of them")
     id_maps[kind] = pd.DataFrame({"raw": unique, f"{kind}_id": hashed})
     return hashed[pd.Index(unique).get_indexer(text)]
-
-
-def _stable_hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
 
 
 def _timestamps(frame: pd.DataFrame, fmt: InteractionFormat, user_id: np.ndarray) -> np.ndarray:
@@ -305,10 +391,9 @@ def _timestamps(frame: pd.DataFrame, fmt: InteractionFormat, user_id: np.ndarray
         return int(base.timestamp()) * 1_000_000 + rank.to_numpy(dtype=np.int64) * 60_000_000
     raw = frame[fmt.ts_col]
     try:
-        if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
-            parsed = pd.to_datetime(raw, unit=fmt.ts_unit, utc=True, errors="coerce")
-        else:
-            parsed = pd.to_datetime(raw, utc=True, errors="coerce", format="mixed")
+        parsed = parse_timestamps(raw, fmt)
+    except RowFormatError as err:
+        raise InteractionFormatError(str(err)) from None
     except (ValueError, TypeError, OverflowError) as err:
         raise InteractionFormatError(f"{fmt.ts_col}: not timestamps ({err})") from err
     bad = parsed.isna().to_numpy()
@@ -328,15 +413,11 @@ def _labels(frame: pd.DataFrame, fmt: InteractionFormat) -> tuple[np.ndarray | N
                 f"{fmt.rating_col}: not a number in {_examples(frame[fmt.rating_col], bad)}"
             )
         rating = rating.to_numpy(dtype=np.float64)
+    converted = _flags(frame, fmt.conversion_col) if fmt.conversion_col else None
     if fmt.label_col:
-        text = frame[fmt.label_col].astype(str).str.strip().str.lower().str.replace(r"\.0$", "", regex=True)
-        truthy, falsy = text.isin(TRUE_LABELS).to_numpy(), text.isin(FALSE_LABELS).to_numpy()
-        bad = ~(truthy | falsy)
-        if bad.any():
-            raise InteractionFormatError(
-                f"{fmt.label_col}: not a 0/1 label in {_examples(frame[fmt.label_col], bad)}"
-            )
-        label = truthy
+        label = _flags(frame, fmt.label_col, "label")
+    elif converted is not None:  # a conversion log without clicks: the conversions are the positives
+        label = converted.copy()
     elif rating is not None:
         label = rating >= fmt.positive_rating
     elif fmt.positive_only:
@@ -344,7 +425,18 @@ def _labels(frame: pd.DataFrame, fmt: InteractionFormat) -> tuple[np.ndarray | N
     else:
         return None, None
     strong = label & (rating >= fmt.strong_rating) if fmt.strong_rating is not None else np.zeros_like(label)
+    if converted is not None:  # a purchase is a positive too, whatever the click column says
+        label, strong = label | converted, converted
     return label, strong
+
+
+def _flags(frame: pd.DataFrame, column: str, what: str = "flag") -> np.ndarray:
+    """A 0/1, true/false, yes/no column as bool (anything else is an error naming the rows)."""
+    truthy, parsed = flag_values(frame[column])
+    bad = ~parsed
+    if bad.any():
+        raise InteractionFormatError(f"{column}: not a 0/1 {what} in {_examples(frame[column], bad)}")
+    return truthy
 
 
 def _events(fmt, user_id, item_id, ts_us, label, strong) -> pa.Table:

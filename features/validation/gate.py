@@ -49,6 +49,8 @@ class GateConfig:
     min_volume_baseline: int = 0  # no volume rule when the previous accepted partition had fewer rows
     clock_skew: dt.timedelta = dt.timedelta(minutes=5)  # allowance before a timestamp counts as future
     data_docs: bool = True  # render GX data docs HTML (summary.json is always written)
+    # timestamps before this (UTC) are quarantined: negative epochs, 1970 placeholders (MovieLens-100K is 1997)
+    min_ts: str = "1990-01-01"
 
     def __post_init__(self) -> None:
         if isinstance(self.clock_skew, int | float):  # seconds, as a YAML config writes it
@@ -57,6 +59,10 @@ class GateConfig:
             raise ValueError(
                 f"clock_skew must be a non-negative timedelta (or seconds), got {self.clock_skew!r}"
             )
+        try:
+            _ = self.earliest
+        except ValueError as err:
+            raise ValueError(f"min_ts must be a date or time like 1990-01-01, got {self.min_ts!r}") from err
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ValueError(f"max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
         if self.min_volume_ratio < 0.0:
@@ -65,6 +71,12 @@ class GateConfig:
             raise ValueError(f"min_volume_baseline must be an integer, got {self.min_volume_baseline!r}")
         if self.min_volume_baseline < 0:
             raise ValueError(f"min_volume_baseline must be >= 0, got {self.min_volume_baseline}")
+
+    @property
+    def earliest(self) -> dt.datetime:
+        """``min_ts`` as an aware UTC datetime."""
+        earliest = dt.datetime.fromisoformat(str(self.min_ts))
+        return earliest if earliest.tzinfo else earliest.replace(tzinfo=dt.UTC)
 
 
 @dataclass
@@ -132,8 +144,9 @@ def validate_partition(
         typed = _typed_frame(frame, schema, checks, reasons)
         with _ads_reference(table, ads) as ads_reference:
             rules = suites.contract_suite(
-                table, day=day, now=now, clock_skew=config.clock_skew, ads_reference=ads_reference
-            )
+                table, day=day, now=now, clock_skew=config.clock_skew, ads_reference=ads_reference,
+                earliest=config.earliest,
+            )  # fmt: skip
             contract_outcomes = runner.run(table, typed, rules)
         for outcome in contract_outcomes:
             if outcome.expectation_type == UNIQUE:

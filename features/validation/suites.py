@@ -30,6 +30,9 @@ from features.validation.reference import ExpectColumnValuesToBeInReference
 E = gx.expectations
 INT32_MAX = 2**31 - 1
 
+# The earliest timestamp the gate accepts (``GateConfig.min_ts``): older ones are broken clocks.
+EARLIEST = dt.datetime(1990, 1, 1, tzinfo=dt.UTC)
+
 
 def reason_name(expectation_type: str, column: str | None = None, tag: str | None = None) -> str:
     name = f"{expectation_type}({column or ''})"
@@ -73,6 +76,7 @@ def contract_suite(
     now: dt.datetime,
     clock_skew: dt.timedelta,
     ads_reference: str | None = None,
+    earliest: dt.datetime = EARLIEST,
 ) -> list[Expectation]:
     """Row-level rules of one table; ``ads_reference`` (events only: the handle of the registered ad ids, see
     ``features.validation.reference``) adds the referential-integrity check."""
@@ -80,7 +84,7 @@ def contract_suite(
     latest = now + clock_skew
     out = [_with_reason(E.ExpectColumnValuesToNotBeNull(column=name), name) for name in schema.names]
     if table == "events":
-        out += _events_rules(day, latest, ads_reference)
+        out += [*_events_rules(day, latest, ads_reference), _not_before("ts", earliest)]
     elif table == "users":
         out += [
             _in_set("gender", GENDERS),
@@ -88,6 +92,7 @@ def contract_suite(
             _between("age", 13, 100),
             _between("country", 0, INT32_MAX),
             _not_future("signup_ts", latest),
+            _not_before("signup_ts", earliest),
             _unique("user_id"),
         ]
     elif table == "ads":
@@ -96,6 +101,7 @@ def contract_suite(
             _between("category_id", 0, INT32_MAX),
             _between("quality", 0.0, 1.0),
             _not_future("created_ts", latest),
+            _not_before("created_ts", earliest),
             _unique("ad_id"),
         ]
     return out
@@ -161,6 +167,13 @@ def _non_negative(*columns: str) -> list[Expectation]:
 def _not_future(column: str, latest: dt.datetime) -> Expectation:
     return _with_reason(
         E.ExpectColumnValuesToBeBetween(column=column, max_value=latest), column, "not_future"
+    )
+
+
+def _not_before(column: str, earliest: dt.datetime) -> Expectation:
+    """Timestamps before ``earliest`` (negative epochs, 1970 placeholders) are broken clocks, not history."""
+    return _with_reason(
+        E.ExpectColumnValuesToBeBetween(column=column, min_value=earliest), column, "not_before_min_ts"
     )
 
 

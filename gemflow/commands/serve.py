@@ -76,8 +76,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("rank")
     def rank_cmd(
-        user_id: Annotated[int, typer.Option("--user", "-u", help="User id.")],
-        candidates: Annotated[str, typer.Option("--candidates", help="Comma-separated ad ids.")],
+        user_id: Annotated[str, typer.Option("--user", "-u", help="User id, as in your log (u_1832 or 42).")],
+        candidates: Annotated[
+            str, typer.Option("--candidates", help="Comma-separated ad ids, as in your log.")
+        ],
         url: Annotated[str, typer.Option(help="Server base URL.")] = "http://127.0.0.1:8080",
         model: Annotated[str, typer.Option(help="Model name.")] = "gem-ranker",
         surface: Annotated[str | None, typer.Option(help="Context surface (feed, stories, ...).")] = None,
@@ -87,15 +89,14 @@ def register(app: typer.Typer) -> None:
         """Ask a running server to rank candidates for a user and print the top ones."""
         from serving.client import rank
 
-        try:
-            ids = [int(c) for c in candidates.split(",") if c.strip()]
-        except ValueError as err:
-            raise typer.BadParameter(f"--candidates must be comma-separated integers: {err}") from err
+        ids = [_id(c.strip()) for c in candidates.split(",") if c.strip()]
+        if not ids or not user_id.strip():
+            raise typer.BadParameter("--user and --candidates need at least one id each")
         if protocol not in ("v1", "v2"):
             raise typer.BadParameter("--protocol must be v1 or v2")
         context = {"surface": surface} if surface else None
         try:
-            status, body = rank(url, model, user_id, ids, context, protocol)
+            status, body = rank(url, model, _id(user_id.strip()), ids, context, protocol)
         except OSError as err:
             raise typer.BadParameter(f"no server answering at {url}: {err}") from err
         if status != 200:
@@ -109,7 +110,7 @@ def register(app: typer.Typer) -> None:
             rows = list(zip(out["ad_ids"], out["p_click"], out["p_conversion"], strict=True))[:top]
             meta = body.get("parameters", {})
         for ad, pc, pv in rows:
-            typer.echo(f"ad {ad:>8}  p_click {pc:.4f}  p_conversion {pv:.4f}")
+            typer.echo(f"ad {ad!s:>8}  p_click {pc:.4f}  p_conversion {pv:.4f}")
         typer.echo(json.dumps(meta, indent=2))
 
     @app.command("serving-manifest")
@@ -119,3 +120,8 @@ def register(app: typer.Typer) -> None:
         from serving.manifest import render_yaml
 
         typer.echo(render_yaml(config(ServingConfig, cfg_path, overrides)))
+
+
+def _id(text: str) -> int | str:
+    """An id typed on the command line: all digits -> an integer, anything else -> the text id itself."""
+    return int(text) if text.isascii() and text.isdigit() else text

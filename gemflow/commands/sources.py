@@ -122,8 +122,17 @@ def register(app: typer.Typer) -> None:
         item_col: Col = None,
         ts_col: Col = None,
         ts_unit: Annotated[str | None, typer.Option(help="Unit of numeric timestamps: s, ms, us.")] = None,
+        ts_format: Annotated[
+            str | None, typer.Option(help="strptime format of text timestamps, e.g. '%d/%m/%Y %H:%M'.")
+        ] = None,
+        min_ts: Annotated[
+            str | None, typer.Option(help="Rows before this time are quarantined (default 1990-01-01).")
+        ] = None,
         order_col: Col = None,
         label_col: Col = None,
+        conversion_col: Annotated[
+            str | None, typer.Option(help="0/1 purchase or conversion column (a conversion is a positive).")
+        ] = None,
         rating_col: Col = None,
         positive_rating: Annotated[float | None, typer.Option(help="label = rating >= this.")] = None,
         positive_only: Annotated[
@@ -146,6 +155,9 @@ def register(app: typer.Typer) -> None:
         delimiter: Annotated[
             str | None, typer.Option(help="CSV delimiter (default by extension; 'tab').")
         ] = None,
+        encoding: Annotated[
+            str | None, typer.Option(help="Text encoding of the file (default utf-8; e.g. latin-1).")
+        ] = None,
         source: Annotated[str, typer.Option(help="Name of the run folder prefix.")] = "interactions",
         progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     ) -> None:
@@ -160,8 +172,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(err)) from err
         # Flags are applied as typed values, not parsed as YAML: separators like "|" or " " stay strings.
         flags = dict(
-            user_col=user_col, item_col=item_col, ts_col=ts_col, ts_unit=ts_unit, order_col=order_col,
-            label_col=label_col, rating_col=rating_col, positive_rating=positive_rating, positive_only=positive_only,
+            user_col=user_col, item_col=item_col, ts_col=ts_col, ts_unit=ts_unit, ts_format=ts_format,
+            min_ts=min_ts, encoding=encoding, order_col=order_col,
+            label_col=label_col, conversion_col=conversion_col, rating_col=rating_col, positive_rating=positive_rating, positive_only=positive_only,
             strong_rating=strong_rating, item_attrs_col=attrs_col, attr_sep=_unescape(attr_sep),
             advertiser_col=advertiser_col, age_col=age_col, gender_col=gender_col, country_col=country_col,
             surface=surface, unlabeled_action=unlabeled_action, base_date=base_date, delimiter=_unescape(delimiter),
@@ -173,6 +186,8 @@ def register(app: typer.Typer) -> None:
             )
         except ValueError as err:
             raise _fail(err) from err
+        for warning in summary.get("warnings", []):
+            typer.echo(f"warning: {warning}", err=True)
         typer.echo(json.dumps(summary, indent=2))
 
     @app.command("import-sequences")

@@ -23,7 +23,7 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +210,14 @@ def active_sequences(ws: Workspace, day: dt.date, cfg: RefreshConfig, max_histor
 
 
 # ----------------------------------------------------------------------------------------------- encoding
+def model_inputs(bundle: ModelBundle, history: Events, user_ids: np.ndarray) -> tuple[Events, torch.Tensor]:
+    """Raw ad / user ids -> the rows of the model's tables, by its vocabularies (as training mapped them)."""
+    ad, user = bundle.vocabularies.get("ad_id"), bundle.vocabularies.get("user_id")
+    if ad is not None:
+        history = replace(history, ad_id=torch.from_numpy(ad.map(history.ad_id.numpy())))
+    return history, torch.from_numpy(user.map(user_ids) if user is not None else user_ids)
+
+
 @torch.inference_mode()
 def encode_sequences(
     bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig, *, desc: str | None = "embed users"
@@ -221,8 +229,7 @@ def encode_sequences(
     plan = token_budget_batches(seqs.lengths, cfg.token_budget, cfg.max_users_per_batch)
     for rows in tqdm(plan, desc=desc, disable=desc is None, unit="batch", mininterval=1.0):
         batch = seqs.take(rows)
-        history = batch.events(bundle.cfg.time_buckets)
-        user_id = torch.from_numpy(batch.user_ids)
+        history, user_id = model_inputs(bundle, batch.events(bundle.cfg.time_buckets), batch.user_ids)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             tokens = model.encode_user(history, user_id)
         out[rows] = tokens.flatten(1).float().numpy()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from features.schema import HISTORY_FIELDS
-from models.data import TrainingSet
+from models.data import USER_VOCAB_ROW, TrainingSet
 
 HIST = "hist_"
 JOIN_TIMESTAMPS = ("event_timestamp", "created_timestamp")
@@ -30,6 +30,7 @@ def to_frame(data: TrainingSet, rows: np.ndarray, max_history: int) -> pd.DataFr
     frame = base.iloc[rows].drop(columns=list(JOIN_TIMESTAMPS), errors="ignore").reset_index(drop=True)
     for col in data.examples.columns:  # examples' columns win (ids, cut, labels)
         frame[col] = data.examples[col].to_numpy()[rows]
+    frame["ad_id"] = data.raw_ids["ad_id"][rows]  # raw ids, as a caller sends them (the model maps them)
     for col in frame.columns:  # float lists as float64: what MLflow's schema check converts them to
         first = frame[col].dropna().head(1).tolist()
         if first and isinstance(first[0], list | np.ndarray) and np.asarray(first[0]).dtype.kind == "f":
@@ -39,9 +40,9 @@ def to_frame(data: TrainingSet, rows: np.ndarray, max_history: int) -> pd.DataFr
     start = data.seq_offsets[user_row] + np.maximum(0, cut - max_history)
     end = data.seq_offsets[user_row] + cut
     for field in HISTORY_FIELDS:
-        values = data.seq_values[field]
+        values = data.raw_ids["seq_ad_id"] if field == "ad_id" else data.seq_values[field]
         frame[HIST + field] = [values[s:e].tolist() for s, e in zip(start, end, strict=True)]
-    return frame.drop(columns=["user_row", "cut", "split"], errors="ignore")
+    return frame.drop(columns=["user_row", "cut", "split", USER_VOCAB_ROW], errors="ignore")
 
 
 def to_training_set(frame: pd.DataFrame, folder: Path) -> TrainingSet:

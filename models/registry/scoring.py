@@ -10,6 +10,7 @@ from models.inference import ModelBundle
 
 def batch_builder(bundle: ModelBundle, data: TrainingSet) -> BatchBuilder:
     cfg = bundle.cfg
+    data = data.as_seen_by(bundle.vocabularies)
     if bundle.kind == "user":
         return BatchBuilder(
             data, bundle.dense, history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from models.data import Events, TrainingSet, TrainingSetError
+from features.vocabulary import Vocabulary
+from models.data import USER_VOCAB_ROW, Events, TrainingSet, TrainingSetError
 from models.transforms import lengths
 
 
@@ -49,17 +50,24 @@ class ItemAttributes:
         return int(self.values.max()) + 1 if self.values.numel() else 1
 
     @classmethod
-    def read(cls, path: Path, num_ads: int) -> ItemAttributes | None:
-        """From a training set folder's ``items.parquet``; None when the set has none (older sets)."""
+    def read(cls, path: Path, num_ads: int, vocabulary: Vocabulary | None = None) -> ItemAttributes | None:
+        """From a training set folder's ``items.parquet``, indexed by the rows of ``vocabulary`` (raw ad ids when
+        there is none); None when the set has none (older sets)."""
         file = Path(path) / "items.parquet"
         if not file.exists():
             return None
         table = pq.read_table(file, columns=["ad_id", "category_id", "advertiser_id", "categories"])
+        if len(np.unique(table.column("ad_id").to_numpy())) != table.num_rows:
+            raise TrainingSetError(f"{file}: duplicate ad_id rows")
+        if vocabulary is not None:
+            rows = vocabulary.map(table.column("ad_id").to_numpy())
+            table = table.set_column(0, "ad_id", pa.array(rows, pa.int64()))
+            # hashed rows: the first ad of a bucket speaks for it
+            first = np.unique(rows, return_index=True)[1]
+            table = table.take(pa.array(np.sort(first)))
         table = table.sort_by("ad_id")
         ads = table.column("ad_id").to_numpy()
         keep = (ads >= 0) & (ads < num_ads)
-        if len(np.unique(ads)) != len(ads):
-            raise TrainingSetError(f"{file}: duplicate ad_id rows")
         lists = table.column("categories").combine_chunks().filter(pa.array(keep))
         lengths = np.zeros(num_ads, np.int64)
         lengths[ads[keep]] = np.diff(lists.offsets.to_numpy())  # ads in id order: values line up
@@ -118,7 +126,7 @@ class SequenceSet:
         if not np.array_equal(user_row[self.valid_rows], user_row[self.test_rows]):
             raise TrainingSetError(f"{data.path}: valid and test positives are not one pair per user")
         self.user_rows = user_row[self.valid_rows]  # (U,) users with a train prefix, valid and test positive
-        self.user_ids = ex["user_id"].to_numpy(np.int64)[self.valid_rows]
+        self.user_ids = ex[USER_VOCAB_ROW].to_numpy(np.int64)[self.valid_rows]  # rows of the user table
         # Train positives: the history position before each (cut - 1), grouped by the user's index.
         train = np.flatnonzero(positive & (split == "train"))
         cut = ex["cut"].to_numpy(np.int64)

@@ -31,13 +31,20 @@ class NextItemTask:
         else:
             mc = resolve_user_model(cfg.user_model, leave_one_out=True)
             max_len, buckets = mc.max_history, mc.time_buckets
-            items = ItemAttributes.read(path, data.vocab["ad_id"]) if mc.item_attributes == "all" else None
+            items = (
+                ItemAttributes.read(path, data.vocab["ad_id"], data.vocabularies.get("ad_id"))
+                if mc.item_attributes == "all"
+                else None
+            )
             if mc.item_attributes == "all" and items is None:
                 raise ValueError(f"{path}: user_model.item_attributes=all but the set has no items.parquet")
         self.cfg, self.data = cfg, data
         self.seqs = SequenceSet(data, max_len, buckets)
         model = build_model(cfg.model, mc, data.vocab, 0, items=items)
-        self.bundle = ModelBundle(cfg.model, model, data.vocab, DenseSpec([], [], []), 0, "", "", items=items)
+        self.bundle = ModelBundle(
+            cfg.model, model, data.vocab, DenseSpec([], [], []), 0, "", "", items=items,
+            vocabularies=data.vocabularies,
+        )  # fmt: skip
         self.loss_kind = resolve_loss(cfg.next_item, model.num_items)
         self.negatives = negative_lists(self.seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
         self.select = f"valid_{cfg.next_item.select_metric}"

@@ -15,10 +15,10 @@ from features.schema import SCHEMAS
 from features.sources.interactions import (
     InteractionFormat,
     InteractionFormatError,
-    _stable_hash,
     import_interactions,
     read_table,
 )
+from features.vocabulary import text_id
 from gemflow.commands import sources as source_commands
 from gemflow.workspace import Workspace
 
@@ -87,18 +87,16 @@ def test_timestamped_csv_with_ratings_and_string_ids(tmp_path):
             assert pq.read_schema(folder / file).remove_metadata().equals(SCHEMAS[table])
     assert summary["first_day"] == "2026-02-01" and summary["last_day"] == "2026-02-03"
 
-    alice, i2 = _stable_hash("alice"), _stable_hash("i2")
+    alice, i2 = text_id("alice"), text_id("i2")
     late = events[(events.user_id == alice) & (events.ad_id == i2)].sort_values("event_id")
     assert late.action.tolist() == ["impression", "click"]
     assert late.day.tolist() == ["2026-02-01", "2026-02-02"]
     assert (late.ts.iloc[1] - late.ts.iloc[0]) == pd.Timedelta(seconds=1)
-    five_star = events[(events.user_id == alice) & (events.ad_id == _stable_hash("i1"))].sort_values(
-        "event_id"
-    )
+    five_star = events[(events.user_id == alice) & (events.ad_id == text_id("i1"))].sort_values("event_id")
     assert five_star.action.tolist() == ["impression", "click", "conversion"]
     assert five_star[["click", "conversion"]].values.tolist() == [[1, 1], [0, 0], [0, 0]]
     assert (five_star.ts.diff().dropna() == pd.Timedelta(seconds=1)).all()
-    carol = events[events.user_id == _stable_hash("carol")]
+    carol = events[events.user_id == text_id("carol")]
     assert carol.ts.iloc[0] == pd.Timestamp("2026-02-02T06:00:00Z")
     assert events.event_id.is_unique and events.sort_values("event_id").ts.is_monotonic_increasing
 
@@ -107,20 +105,20 @@ def test_timestamped_csv_with_ratings_and_string_ids(tmp_path):
     assert vocab["category"] == ["books", "garden", "shoes", "sport"]  # first non-empty tags per item
     assert vocab["advertiser"] == ["acme", "greenly", "readco"]
     ads = pd.read_parquet(ws.raw("ads", pd.Timestamp("2026-02-03").date()) / "ads.parquet").set_index("ad_id")
-    i1 = ads.loc[_stable_hash("i1")]
+    i1 = ads.loc[text_id("i1")]
     assert i1.category_id == vocab["category"].index("shoes") and list(i1.categories) == [2, 3]
     # i3's first row (carol) has no brand: the first non-empty one (greenly) counts.
-    assert i1.advertiser_id == 1 and ads.loc[_stable_hash("i3")].advertiser_id == 2
+    assert i1.advertiser_id == 1 and ads.loc[text_id("i3")].advertiser_id == 2
     assert (ads.quality == 0.5).all()
     users = pd.read_parquet(ws.raw("users", pd.Timestamp("2026-02-03").date()) / "users.parquet").set_index(
         "user_id"
     )
-    assert users.loc[alice, "gender"] == "female" and users.loc[_stable_hash("carol"), "age"] == 13
+    assert users.loc[alice, "gender"] == "female" and users.loc[text_id("carol"), "age"] == 13
     ids = pd.read_parquet(run / "user_ids.parquet")
-    assert dict(zip(ids.raw, ids.user_id, strict=True))["bob"] == _stable_hash("bob")
+    assert dict(zip(ids.raw, ids.user_id, strict=True))["bob"] == text_id("bob")
     # Users and items appear in the snapshots from the day they are first seen.
     first_users = pd.read_parquet(ws.raw("users", pd.Timestamp("2026-02-01").date()) / "users.parquet")
-    assert set(first_users.user_id) == {alice, _stable_hash("bob")}
+    assert set(first_users.user_id) == {alice, text_id("bob")}
 
 
 def test_same_string_id_gets_the_same_int_in_every_file(tmp_path):
@@ -196,8 +194,8 @@ def test_unlabeled_log_becomes_organic_views_and_separate_tables_join(tmp_path):
         (InteractionFormat(user_col="who", item_col="what", ts_col="when", rating_col="city", positive_rating=4), LOG, "city: not a number"),
         (InteractionFormat(user_col="who", item_col="what", ts_col="when", gender_col="city"), LOG, "unknown gender"),
         (InteractionFormat(user_col="who", item_col="what", ts_col="when", surface="tv"), LOG, "surface 'tv'"),
-        (InteractionFormat(user_col="who", item_col="what", ts_col="when"), LOG.assign(who=[None, "b", "c", "d", "e", "f"]), "1 empty user id"),
-        (InteractionFormat(user_col="stars", item_col="what", ts_col="when"), LOG.assign(stars=[-1, 2, 3, 4, 5, 6]), "negative user id"),
+        (InteractionFormat(user_col="who", item_col="what", ts_col="when"), LOG.assign(who=[None, "b", "c", "d", "e", "f"]), "who: empty user id in 1 row"),
+        (InteractionFormat(user_col="stars", item_col="what", ts_col="when"), LOG.assign(stars=[-1, 2, 3, 4, 5, 6]), "stars: negative user id in 1 row"),
     ],
 )  # fmt: skip
 def test_bad_input_gives_a_clear_error(tmp_path, fmt, frame, message):

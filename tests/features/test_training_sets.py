@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from features.training_sets import EXAMPLE_COLUMNS, TrainingSetConfig, build_training_set
+from features.vocabulary import load_vocabularies
 from gemflow.cli import app
 from tests.features.helpers import ADS, DAY0, ads_frame, events_frame, publish_without_gate, users_frame
 
@@ -68,7 +69,12 @@ def test_files_columns_and_manifest(landed):
     day_of = {d.isoformat(): s for d, s in zip(DAYS, ("train", "valid", "test"), strict=True)}
     expected_split = impressions.set_index("event_id").ts.dt.date.astype(str).map(day_of)
     assert (examples.set_index("example_id").split == expected_split.loc[examples.example_id]).all()
-    assert manifest["vocab_sizes"]["ad_id"] == max(ADS) + 1
+    # model tables hold the ids of the training period (the first day), whatever their values
+    train_events = events[events.ts.dt.date == DAYS[0]]
+    assert manifest["vocab_sizes"]["ad_id"] == train_events.ad_id.nunique()
+    assert manifest["vocab_sizes"]["user_id"] == train_events.user_id.nunique()
+    vocabularies = load_vocabularies(out)
+    assert sorted(vocabularies["ad_id"].ids) == sorted(train_events.ad_id.unique())
     assert manifest["vocab_sizes"]["action"] == 8
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk["counts"] == manifest["counts"]

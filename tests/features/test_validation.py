@@ -341,3 +341,19 @@ def test_every_table_has_a_suite(tmp_path):
         empty = schema.empty_table().to_pandas()
         result = _validate(table, empty, tmp_path)
         assert result.accepted.empty and result.failure_rate == 0.0
+
+
+def test_timestamps_before_the_minimum_are_quarantined(tmp_path):
+    """A 1969-12-31 partition (negative epochs) passes the partition window but not ``GateConfig.min_ts``."""
+    day = dt.date(1969, 12, 31)
+    events, ads = make_partition(n=6)
+    events["ts"] = pd.Timestamp("1969-12-31T10:00:00Z") + pd.to_timedelta(np.arange(6), unit="min")
+    events["ts"] = events["ts"].astype("datetime64[us, UTC]")
+    ads["created_ts"] = pd.Timestamp("1969-12-31T00:00:00Z")
+    ads["created_ts"] = ads["created_ts"].astype("datetime64[us, UTC]")
+    result = _validate("events", events, tmp_path, ads=ads, day=day)
+    assert result.counts == {"expect_column_values_to_be_between(ts)[not_before_min_ts]": 6}
+    allowed = GateConfig(max_failure_rate=1.0, data_docs=False, min_ts="1960-01-01")
+    assert _validate("events", events, tmp_path / "b", ads=ads, day=day, config=allowed).counts == {}
+    with pytest.raises(ValueError, match="min_ts must be a date"):
+        GateConfig(min_ts="yesterday")

@@ -46,3 +46,29 @@ def test_bad_keys_and_types_are_named():
         load_config(Outer, None, ["inner.lr=fast"])
     with pytest.raises(ConfigError, match="key=value"):
         load_config(Outer, None, ["inner.lr"])
+
+
+@dataclass
+class Sized:
+    d_model: int = 64
+
+
+def test_malformed_yaml_is_one_line_naming_file_and_place(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("inner:\n  lr: [0.5\n  name: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: not valid YAML at line ") and "\n" not in message
+    with pytest.raises(ConfigError, match="--set inner.name: not valid YAML"):
+        load_config(Outer, None, ["inner.name=[a"])
+
+
+def test_sizes_must_be_whole_numbers(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("d_model: 16.5\n")
+    with pytest.raises(ConfigError, match=r"config.d_model: expected a whole number \(int\), got 16.5"):
+        load_config(Sized, path)
+    with pytest.raises(ConfigError, match="whole number"):
+        load_config(Sized, None, ["d_model=true"])
+    assert load_config(Sized, None, ["d_model=32.0"]).d_model == 32  # an exact whole number is fine

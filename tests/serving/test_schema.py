@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from features.vocabulary import text_id
 from serving.schema import RequestError, parse_request
 
 
@@ -26,7 +27,8 @@ def test_instances_wrapper_is_accepted_once():
     ("body", "needle"),
     [
         ({"candidates": [1]}, "user_id: Field required"),
-        ({"user_id": "1", "candidates": [1]}, "user_id: Input should be a valid integer"),
+        ({"user_id": "", "candidates": [1]}, "user_id"),  # text ids are accepted (issue 34), empty ones not
+        ({"user_id": 1.5, "candidates": [1]}, "user_id"),
         ({"user_id": True, "candidates": [1]}, "user_id"),
         ({"user_id": 1, "candidates": []}, "empty"),
         ({"user_id": 1, "candidates": list(range(11))}, "more than the limit of 10"),
@@ -51,3 +53,18 @@ def test_request_ts_outside_the_window_is_refused(ts):
     with pytest.raises(RequestError, match="outside the accepted window"):
         parse_request(body, 10, (1.7e9, 2e9))
     assert parse_request({**body, "context": {"request_ts": 1.8e9}}, 10, (1.7e9, 2e9)).request_ts == 1.8e9
+
+
+def test_text_ids_are_the_callers_own_and_echoed():
+    """Text ids (a shop's ``u_1832``, ``SKU-AB12``) become the raw int64 the importer stored; all-digit text is
+    the integer itself; the answer echoes what was sent."""
+    req = parse_request({"user_id": "u_1832", "candidates": ["SKU-AB12", 7, "42"]}, 10)
+    assert req.user_id == text_id("u_1832") and req.user_key == "u_1832"
+    assert req.candidates.tolist() == [text_id("SKU-AB12"), 7, 42]
+    assert req.candidate_keys == ["SKU-AB12", 7, "42"]
+    plain = parse_request({"user_id": 5, "candidates": [1, 2]}, 10)
+    assert (
+        plain.user_key is None and plain.candidate_keys is None
+    )  # integer requests keep the numpy fast path
+    with pytest.raises(RequestError, match="duplicate"):
+        parse_request({"user_id": "u", "candidates": ["SKU-1", "SKU-1"]}, 10)

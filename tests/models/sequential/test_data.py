@@ -6,13 +6,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models.data import TrainingSet
+from models.data import USER_VOCAB_ROW, TrainingSet
 from models.sequential.data import ItemAttributes, SequenceSet
 
 
 def _items_per_user(data: TrainingSet) -> dict[int, list[int]]:
-    ex = data.examples.sort_values(["user_id", "ts"])
-    return {u: g["ad_id"].tolist() for u, g in ex.groupby("user_id")}
+    # keyed by the model's user row (``SequenceSet.user_ids``: what the model embeds, features.vocabulary)
+    ex = data.examples.sort_values([USER_VOCAB_ROW, "ts"])
+    return {u: g["ad_id"].tolist() for u, g in ex.groupby(USER_VOCAB_ROW)}
 
 
 def test_splits_and_pairs_match_a_per_user_reading(loo_set):
