@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from gemflow.workspace import Workspace
 from models.data import Events
 from serving.config import FeatureLogConfig
+from serving.inputs import fresh_window
 from serving.user_features import UserFeatures
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,12 @@ SCHEMA = pa.schema(
 
 def served_row(request_id: str, user_id: int, request_ts: float, model_version: str, ranker_cfg,
                recent: Events, feats: UserFeatures | None) -> dict:  # fmt: skip
-    """One log row: what the scorer read for this request (``recent``: the window it scored with)."""
+    """One log row: what the scorer read for this request (``recent``: the window it scored with). Ad ids are
+    logged raw, as the stores hold them (``recent.ad_id`` holds the model's rows: its vocabulary's business)."""
+    raw_ads: list[int] = []
+    if feats is not None and feats.recent is not None:
+        window = fresh_window(feats.recent, request_ts, ranker_cfg.recent_events, ranker_cfg.fresh_delay_s)
+        raw_ads = feats.recent["recent_ad_ids"][window].tolist()
     row = {
         "request_id": request_id,
         "user_id": int(user_id),
@@ -72,6 +78,7 @@ def served_row(request_id: str, user_id: int, request_ts: float, model_version: 
         "recent_events": int(ranker_cfg.recent_events),
         "time_buckets": int(ranker_cfg.time_buckets),
         **{name: getattr(recent, f).tolist() for name, f in EVENT_FIELDS.items()},
+        "recent_ad_ids": raw_ads,
         "user_gender": -1 if feats is None or feats.gender is None else int(feats.gender),
         "user_country": -1 if feats is None or feats.country is None else int(feats.country),
         "user_age": np.nan if feats is None or feats.age is None else float(feats.age),

@@ -108,6 +108,15 @@ def default_dense_row(spec: DenseSpec) -> np.ndarray:
     return spec.apply(pd.DataFrame({c: [np.nan] for c in spec.columns}))[0]
 
 
+def fresh_window(rec: dict[str, np.ndarray], request_ts: float, max_events: int, delay_s: int | None) -> slice:
+    """The stored list's events the ranker reads: the newest ``max_events`` of those older than ``fresh_cutoff``
+    (``delay_s`` None: of the whole list). The list is in event-time order: the visible events are a prefix."""
+    visible = len(rec["recent_ts"])
+    if delay_s is not None:
+        visible = int(np.searchsorted(rec["recent_ts"], fresh_cutoff(request_ts, delay_s), side="left"))
+    return slice(max(0, visible - max_events), visible)
+
+
 def recent_events(
     feats: UserFeatures | None,
     ads: AdArrays,
@@ -122,10 +131,7 @@ def recent_events(
     if rec is None:
         z = torch.zeros(0, dtype=torch.int64)
         return Events(z, z, z, z, z, z, z, torch.tensor([0, 0])), False
-    visible = len(rec["recent_ts"])
-    if delay_s is not None:  # the list is in event-time order: the visible events are a prefix
-        visible = int(np.searchsorted(rec["recent_ts"], fresh_cutoff(request_ts, delay_s), side="left"))
-    take = slice(max(0, visible - max_events), visible)
+    take = fresh_window(rec, request_ts, max_events, delay_s)
     ad = rec["recent_ad_ids"][take]
     ts = rec["recent_ts"][take]
     filled = "recent_surfaces" not in rec

@@ -96,7 +96,7 @@ def _normal(value):
 def skew_check(ws: Workspace, training_set: Path, days: list[dt.date] | None = None) -> dict:
     """Per-feature mismatch counts and rates of the served rows of ``days`` against ``training_set``."""
     served = read_served(ws, days)
-    data = TrainingSet(Path(training_set))
+    data = TrainingSet(Path(training_set), vocabularies={})  # raw ids, as the stores and the log hold them
     user_ids = served["user_id"].to_numpy(np.int64)
     trained = pd.concat([_training_events(data, user_ids, served), _training_profile(ws, data, served)], axis=1)
     features = {}

@@ -1,4 +1,4 @@
-"""Issue 34's acceptance: the own-data example of ``docs/own-data.md`` (the README's), run as a user runs it.
+"""Issue 34's acceptance: the README's own-data example, run as a user runs it.
 
 The commands are read from the document's marked block, not copied here; the test only appends tiny-model
 ``--set`` flags to the two ``train`` lines and its own port to ``serve`` / ``rank``. It runs on a generated shop
@@ -24,7 +24,7 @@ from serving.client import get
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "own-data.md"
+DOC = ROOT / "README.md"
 MARKER = "<!-- own-data-example -->"
 TINY = {
     "user": ["--set", "optim.epochs=1", "--set", "user_model.d_model=16", "--set", "user_model.num_heads=2",
@@ -38,7 +38,7 @@ INTEGER_IDS = {"u_1834": "100000000034", "SKU-SA28": "200000000018", "SKU-AA10":
 
 
 def example_commands() -> list[str]:
-    """The bash block right after the marker in docs/own-data.md, one command per line."""
+    """The bash block right after the marker in the README, one command per line."""
     text = DOC.read_text()
     block = re.search(re.escape(MARKER) + r"\s*```bash\n(.*?)```", text, re.S)
     assert block, f"{DOC} lost its marked example block"

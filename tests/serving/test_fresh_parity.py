@@ -35,6 +35,7 @@ from serving import inputs
 from serving.ad_table import AdSnapshot
 from serving.client import post, v1_body
 from serving.feature_log import EVENT_FIELDS, SCHEMA, TABLE
+from serving.id_rows import IdRows
 from serving.predictor import USER_SERVICE
 from serving.skew_check import read_served, skew_check
 from serving.user_features import parse_online_row
@@ -79,7 +80,9 @@ def test_served_fresh_events_equal_what_training_reads_at_the_same_time(pipeline
     user_ids = pq.read_table(ws.training("t") / "sequences.parquet", columns=["user_id"])["user_id"]
     row_of = {int(u): i for i, u in enumerate(user_ids.to_numpy())}
     request_ts = REQUEST_TS
-    no_ads = inputs.AdArrays.build(AdSnapshot.from_rows([], {}, None), DenseSpec([], [], []))
+    # the ad table of a server whose model was trained on this set: its vocabulary maps the events' ad ids
+    no_ads = inputs.AdArrays.build(AdSnapshot.from_rows([], {}, None), DenseSpec([], [], []),
+                                   IdRows.of(data.vocabularies))  # fmt: skip
     compared = 0
     for user in USERS:
         row = np.array([row_of[user]])
