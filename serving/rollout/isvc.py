@@ -25,11 +25,11 @@ def set_model_uri(args: list[str], model_uri: str) -> list[str]:
 def inference_service(model_uri: str, overrides: list[str], manifest_file: str = "") -> dict:
     import yaml
 
-    from gemflow.commands.common import config
+    from gemflow.config import load_config
     from serving.config import ServingConfig
     from serving.manifest import render
 
-    cfg = config(ServingConfig, None, overrides, model_uri=model_uri)
+    cfg = load_config(ServingConfig, None, [*overrides, f"model_uri={model_uri}"])  # the model last: it wins
     manifest_file = manifest_file or os.environ.get(MANIFEST_ENV, "")
     if not manifest_file:
         manifest = render(cfg)
