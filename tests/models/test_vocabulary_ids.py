@@ -107,7 +107,7 @@ def test_both_models_train_on_hashed_ids_and_the_bundle_maps_like_training(huge_
     u, cut = int(data.examples["user_row"].iat[row]), int(data.examples["cut"].iat[row])
     start = data.seq_offsets[u] + max(0, cut - 32)
     raw_ads = data.raw_ids["seq_ad_id"][start : data.seq_offsets[u] + cut]
-    history = data.history(np.array([row]), 32, bundle.cfg.time_buckets, gap_to="last")
+    history = data.history(np.array([row]), 32, bundle.cfg.time_buckets, gap_to="previous")
     raw_history = dataclasses.replace(history, ad_id=torch.from_numpy(raw_ads))
     mapped, user = model_inputs(bundle, raw_history, data.raw_ids["user_id"][row : row + 1])
     assert torch.equal(mapped.ad_id, history.ad_id)
