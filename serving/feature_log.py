@@ -69,7 +69,7 @@ def served_row(request_id: str, user_id: int, request_ts: float, model_version: 
     if feats is not None and feats.recent is not None:
         window = fresh_window(feats.recent, request_ts, ranker_cfg.recent_events, ranker_cfg.fresh_delay_s)
         raw_ads = feats.recent["recent_ad_ids"][window].tolist()
-    row = {
+    return {
         "request_id": request_id,
         "user_id": int(user_id),
         "request_ts": float(request_ts),
@@ -84,7 +84,6 @@ def served_row(request_id: str, user_id: int, request_ts: float, model_version: 
         "user_age": np.nan if feats is None or feats.age is None else float(feats.age),
         "embedding_version": None if feats is None else feats.embedding_version,
     }
-    return row
 
 
 class FeatureLog:

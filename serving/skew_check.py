@@ -66,8 +66,8 @@ def _training_events(data: TrainingSet, user_ids: np.ndarray, served: pd.DataFra
 
 def _training_profile(ws: Workspace, data: TrainingSet, served: pd.DataFrame) -> pd.DataFrame:
     """Profile ids and embedding version from the training set's point-in-time join at each request time."""
-    cfg = load_config(TrainingSetConfig, data.path / "config.yaml") if (data.path / "config.yaml").exists() \
-        else TrainingSetConfig()  # fmt: skip
+    saved = data.path / "config.yaml"  # the builder's own settings (feature store, feature service)
+    cfg = load_config(TrainingSetConfig, saved if saved.exists() else None)
     keys = pd.DataFrame({
         "user_id": served["user_id"].to_numpy(np.int64),
         "ad_id": np.full(len(served), -1, np.int64),  # no candidate: the user side only
