@@ -4,7 +4,9 @@ On a machine whose speed drifts (a shared VM: the same code measured 2x apart an
 in alternation compare. Each round sends one burst to every server in turn (``--clients`` keep-alive clients,
 ``--per-client`` 1,000-candidate requests each, the bench world's healthy users) and records the server's CPU
 seconds per request (its process and its child processes, from /proc) and the burst's requests per second; medians
-over ``--rounds``. With ``--rate R`` each burst is open loop instead (R requests/s, a p99 instead of req/s).
+over ``--rounds``, the order reversed every other round (in a fixed order the first server of each round measured
+3-6% more CPU per request; with the order swapped the two measured the same). With ``--rate R`` each burst is open
+loop instead (R requests/s, a p99 instead of req/s).
 ``--overload N`` then sends each server one closed-loop burst from N clients (several times its admission slots)
 and prints its status counts and the share of its 200s that were degraded, by reason (issue 35: 31% answered
 ``feature_store_busy`` while the store was healthy).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import re
 import statistics
 import sys
 import threading
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import PREDICT, Client, cpu_seconds, request_body  # noqa: E402
 
+from bench.report import add_record_flag, record  # noqa: E402
 from tests.serving.world import HEALTHY_USERS, REQUEST_TS  # noqa: E402
 
 
@@ -136,8 +140,14 @@ def main() -> None:
     )
     ap.add_argument("--candidates", type=int, default=1000)
     ap.add_argument("--num-ads", type=int, default=6000)
+    ap.add_argument("--labels", help="comma-separated names of the servers, one per port (for --record rows)")
+    add_record_flag(ap)
     args = ap.parse_args()
     ports = [int(p) for p in args.ports.split(",")]
+    labels = args.labels.split(",") if args.labels else [str(p) for p in ports]
+    if len(labels) != len(ports):
+        raise SystemExit(f"error: {len(labels)} --labels for {len(ports)} --ports")
+    rows: list[tuple[str, str]] = []
     procs = {p: server_process(p) for p in ports}
     rng = np.random.default_rng(0)
     bodies = [request_body(rng, list(HEALTHY_USERS), args.num_ads, args.candidates, float(REQUEST_TS))
@@ -145,8 +155,8 @@ def main() -> None:
     for p in ports:  # warm-up burst, not counted
         burst(p, procs[p], bodies, args.clients, 10)
     results: dict[int, list[tuple[float, float]]] = {p: [] for p in ports}
-    for _ in range(args.rounds):
-        for p in ports:
+    for r in range(args.rounds):
+        for p in ports if r % 2 == 0 else ports[::-1]:  # ABBA: whichever goes first in a round pays for it
             if args.rate > 0:
                 results[p].append(open_burst(p, procs[p], bodies, args.rate, args.clients * args.per_client))
             else:
@@ -159,6 +169,9 @@ def main() -> None:
         print(f"  port {p}: server CPU {statistics.median(cpu):.2f} ms/request (median; rounds "
               f"{' '.join(f'{x:.2f}' for x in cpu)}), "
               + (f"p99 {second:.1f} ms median" if args.rate > 0 else f"{second:.0f} req/s median"))  # fmt: skip
+        unit = f"{second:.1f} ms p99" if args.rate > 0 else f"{second:.0f} req/s"
+        rows.append((f"{labels[ports.index(p)]}: {loop}, {args.rounds} rounds: server CPU per request (median), "
+                     + ("p99" if args.rate > 0 else "req/s"), f"{statistics.median(cpu):.2f} ms, {unit}"))  # fmt: skip
     for p in ports if args.overload > 0 else []:
         statuses, reasons = overload(p, bodies, args.overload, args.per_client)
         answered = statuses[200]
@@ -167,6 +180,11 @@ def main() -> None:
             f"  port {p}, {args.overload} closed-loop clients: statuses {dict(sorted(statuses.items()))}, degraded "
             f"{degraded}/{answered} of the 200s ({100 * degraded / max(answered, 1):.1f}%), reasons {dict(reasons)}"
         )
+        rows.append((f"{labels[ports.index(p)]}: {args.overload} closed-loop clients: statuses, degraded 200s",
+                     f"{dict(sorted(statuses.items()))}, {100 * degraded / max(answered, 1):.1f}%"))  # fmt: skip
+    if args.record:
+        key = "serve-ab." + "-".join(re.sub(r"[^a-z0-9_.-]", "-", x.lower()) for x in labels)
+        record(key, f"side by side: {' vs '.join(labels)} (bench/serve_ab.py)", rows)
 
 
 if __name__ == "__main__":
