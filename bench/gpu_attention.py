@@ -10,7 +10,9 @@ One prepared, unattended run (needs CUDA and Triton; exits 1 without them):
    bias, cross-attention with 4 summary queries per history, and 1,024 candidates per request against the
    request's user tokens. Baseline: ``scaled_dot_product_attention`` on the same batch padded to the maximum
    length, flash backend forced through ``torch.nn.attention.sdpa_kernel``; it takes no mask, so it pays for
-   the padding and cannot add the bias (what a padded pipeline would pay at best). ``TF/s`` counts the useful
+   the padding and cannot add the bias (what a padded pipeline would pay at best); ``flex ms``: torch's
+   FlexAttention on the same jagged batch, packed, bias as a ``score_mod`` (``models.attention.flex``: issue 40
+   asks whether the library can replace our kernels). ``TF/s`` counts the useful
    (jagged) work for both, so the two columns compare directly; ``sdpa raw`` counts the padded work SDPA did;
 3. if ``models.user_model`` is present: one training step (fwd + bwd + AdamW, bf16 autocast) of the user
    model's encoder stack (``models.layers.TransformerBlock``, the layers that call the attention dispatcher;
@@ -103,6 +105,7 @@ class Row:
     sdpa_tflops: float | None
     sdpa_raw_tflops: float | None
     note: str = ""
+    flex_ms: float | None = None  # FlexAttention on the packed batch (models.attention.flex)
 
 
 # ----------------------------------------------------------------------------------------------- batches
@@ -290,6 +293,13 @@ def run_case(tri, case: str, max_len: int, heads: int, head_dim: int, plan: Plan
             return tri.jagged_cross_attention(q, q_off, k, v, kv_off)
         return tri.jagged_self_attention(q, k, v, kv_off, causal=causal, **extra)
 
+    def flex_call():  # the same jagged batch through torch's FlexAttention (block mask built per call)
+        from models.attention import flex
+
+        if cross:
+            return flex.jagged_cross_attention(q, q_off, k, v, kv_off)
+        return flex.jagged_self_attention(q, k, v, kv_off, causal=causal, **extra)
+
     q_width = int(q_lens.max())
     qp, kp, vp = padded(q, q_off, q_width), padded(k, kv_off, max_len), padded(v, kv_off, max_len)
 
@@ -303,7 +313,8 @@ def run_case(tri, case: str, max_len: int, heads: int, head_dim: int, plan: Plan
     rows = []
     for pass_, factor in (("fwd", 1.0), ("fwd+bwd", 3.5)):  # backward = 2.5 x forward (FlashAttention count)
         timings, notes = {}, []
-        for name, call, call_leaves in (("triton", triton_call, leaves), ("sdpa", sdpa_call, [qp, kp, vp])):
+        for name, call, call_leaves in (("triton", triton_call, leaves), ("sdpa", sdpa_call, [qp, kp, vp]),
+                                        ("flex", flex_call, leaves)):  # fmt: skip
             run = forward_only(call) if pass_ == "fwd" else forward_backward(call, call_leaves)
             try:
                 timings[name] = time_ms(run, plan)
@@ -319,7 +330,7 @@ def run_case(tri, case: str, max_len: int, heads: int, head_dim: int, plan: Plan
             Row(
                 case, max_len, heads, head_dim, len(kv_lens), fill, pass_, timings["triton"], timings["sdpa"],
                 tflops(factor * fwd_flops, timings["triton"]), tflops(factor * fwd_flops, timings["sdpa"]),
-                tflops(factor * padded_flops, timings["sdpa"]), "; ".join(notes),
+                tflops(factor * padded_flops, timings["sdpa"]), "; ".join(notes), timings["flex"],
             )
         )  # fmt: skip
     return rows
@@ -332,7 +343,7 @@ def _fmt(x: float | None, spec: str) -> str:
 def print_rows(rows: list[Row], header: bool = True) -> None:
     head = (
         f"{'case':17s} {'max_len':>7s} {'HxD':>6s} {'B':>4s} {'fill':>5s} {'pass':8s} {'triton ms':>10s} "
-        f"{'sdpa ms':>9s} {'speedup':>7s} {'triton TF/s':>11s} {'sdpa TF/s':>9s} {'sdpa raw':>8s}  note"
+        f"{'sdpa ms':>9s} {'speedup':>7s} {'triton TF/s':>11s} {'sdpa TF/s':>9s} {'sdpa raw':>8s} {'flex ms':>9s}  note"
     )
     if header:
         print(head)
@@ -342,7 +353,8 @@ def print_rows(rows: list[Row], header: bool = True) -> None:
         print(
             f"{r.case:17s} {r.max_len:7d} {f'{r.heads}x{r.head_dim}':>6s} {r.batch:4d} {r.fill:5.2f} {r.pass_:8s} "
             f"{_fmt(r.triton_ms, '10.3f')} {_fmt(r.sdpa_ms, '9.3f')} {_fmt(speedup, '6.2f') + 'x':>7s} "
-            f"{_fmt(r.triton_tflops, '11.1f')} {_fmt(r.sdpa_tflops, '9.1f')} {_fmt(r.sdpa_raw_tflops, '8.1f')}  "
+            f"{_fmt(r.triton_tflops, '11.1f')} {_fmt(r.sdpa_tflops, '9.1f')} {_fmt(r.sdpa_raw_tflops, '8.1f')} "
+            f"{_fmt(r.flex_ms, '9.3f')}  "
             f"{r.note}",
             flush=True,
         )

@@ -8,6 +8,11 @@ step, then the median of ``--steps`` timed forward + backward steps.
     .venv/bin/python bench/jagged.py                      # batch 64, heads 4, head dim 32, lengths <= 1024
     .venv/bin/python bench/jagged.py --batch 16 --steps 2 # quicker
     .venv/bin/python bench/jagged.py --threads 1          # steadier on a shared, busy machine
+    .venv/bin/python bench/jagged.py --backends reference,jagged,flex --forward-only  # torch's FlexAttention too
+
+FlexAttention (``models.attention.flex``) has no backward on CPU (torch 2.13: ``NotImplementedError``), so it is
+measured forward only (``--forward-only``: no gradients anywhere, the serving/evaluation case); its step includes
+building the block mask, which changes with every batch's lengths, and its first (compiling) call is the warm-up.
 
 On a machine shared with other jobs the times swing (a 2-thread step of many small kernels suffers most
 from oversubscription); the load average printed with the settings says how busy it was.
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,7 +46,7 @@ CASES = {
     "self-bidir": "bidirectional self-attention, no bias",
     "cross": "jagged queries (1-64 per sequence) over jagged keys/values",
 }
-BACKENDS = ("reference", "jagged")
+BACKENDS = ("reference", "jagged", "flex")
 
 
 @dataclass
@@ -70,7 +75,7 @@ def offsets_of(lens: torch.Tensor) -> torch.Tensor:
     return torch.cat([lens.new_zeros(1), lens.cumsum(0)])
 
 
-def make_inputs(case: str, cfg: Settings) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def make_inputs(case: str, cfg: Settings, grad: bool = True) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Leaf tensors and the kwargs of one call; returns (call kwargs, key lengths, query lengths)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     dtype = getattr(torch, cfg.dtype)
@@ -79,7 +84,7 @@ def make_inputs(case: str, cfg: Settings) -> tuple[dict, torch.Tensor, torch.Ten
     total = int(offsets[-1])
 
     def leaf(rows: int) -> torch.Tensor:
-        return torch.randn(rows, cfg.heads, cfg.head_dim, generator=gen).to(dtype).requires_grad_()
+        return torch.randn(rows, cfg.heads, cfg.head_dim, generator=gen).to(dtype).requires_grad_(grad)
 
     if case == "cross":
         q_lens = torch.randint(1, cfg.max_queries + 1, (cfg.batch,), generator=gen)
@@ -94,19 +99,26 @@ def make_inputs(case: str, cfg: Settings) -> tuple[dict, torch.Tensor, torch.Ten
     if case == "self-causal-bias":
         gaps = torch.randint(0, 86_400, (total,), generator=gen)
         call |= dict(
-            pos_bias=(0.1 * torch.randn(cfg.heads, 2 * cfg.pos_buckets + 1, generator=gen)).requires_grad_(),
-            time_bias=(0.1 * torch.randn(cfg.heads, cfg.time_buckets, generator=gen)).requires_grad_(),
+            pos_bias=(0.1 * torch.randn(cfg.heads, 2 * cfg.pos_buckets + 1, generator=gen)).requires_grad_(
+                grad
+            ),
+            time_bias=(0.1 * torch.randn(cfg.heads, cfg.time_buckets, generator=gen)).requires_grad_(grad),
             timestamps=gaps.cumsum(0),  # increasing within each sequence, like event times
         )
     return call, lens, lens
 
 
-def step(case: str, backend: str, call: dict) -> None:
-    if case == "cross":
-        out = dispatch.jagged_cross_attention(**call, backend=backend)
+def step(case: str, backend: str, call: dict, backward: bool) -> None:
+    if backend == "flex":  # measured only, not a backend the models dispatch to
+        from models.attention import flex
+
+        op = flex.jagged_cross_attention if case == "cross" else flex.jagged_self_attention
     else:
-        out = dispatch.jagged_self_attention(**call, backend=backend)
-    out.float().square().mean().backward()
+        op = partial(dispatch.jagged_cross_attention if case == "cross" else dispatch.jagged_self_attention,
+                     backend=backend)  # fmt: skip
+    out = op(**call)
+    if backward:
+        out.float().square().mean().backward()
 
 
 def rss_bytes() -> int:
@@ -114,19 +126,19 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def worker(case: str, backend: str, cfg: Settings) -> dict:
+def worker(case: str, backend: str, cfg: Settings, backward: bool) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    call, _, _ = make_inputs(case, cfg)
+    call, _, _ = make_inputs(case, cfg, grad=backward)
     before = rss_bytes()
-    step(case, backend, call)  # warm-up: first calls pay for lazy init and allocator growth
+    step(case, backend, call, backward)  # warm-up: first calls pay for lazy init, allocator growth, compiling
     times = []
     for _ in range(cfg.steps):
         for t in call.values():
             if isinstance(t, torch.Tensor):
                 t.grad = None
         start = time.perf_counter()
-        step(case, backend, call)
+        step(case, backend, call, backward)
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"step_ms": 1e3 * statistics.median(times), "peak_mib": (peak - before) / 2**20}
@@ -160,18 +172,30 @@ def main() -> None:
     for name, default in asdict(Settings()).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
+    parser.add_argument(
+        "--backends", default="reference,jagged", help=f"comma-separated subset of {BACKENDS}"
+    )
+    parser.add_argument("--forward-only", action="store_true", help="no backward pass (FlexAttention on CPU)")
     parser.add_argument("--worker", nargs=2, metavar=("CASE", "BACKEND"), help=argparse.SUPPRESS)
     add_record_flag(parser)
     args = parser.parse_args()
     cfg = Settings(**{k: getattr(args, k) for k in asdict(Settings())})
     if args.worker:
-        print(json.dumps(worker(*args.worker, cfg)))
+        print(json.dumps(worker(*args.worker, cfg, backward=not args.forward_only)))
         return
 
-    cases = args.cases.split(",")
+    cases, backends = args.cases.split(","), args.backends.split(",")
     unknown = set(cases) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from {list(CASES)}")
+    if set(backends) - set(BACKENDS):
+        parser.error(
+            f"unknown backend(s) {sorted(set(backends) - set(BACKENDS))}; choose from {list(BACKENDS)}"
+        )
+    if "flex" in backends and not args.forward_only:
+        parser.error(
+            "FlexAttention has no backward on CPU (torch raises NotImplementedError): add --forward-only"
+        )
     threads = cfg.threads or torch.get_num_threads()
     load = os.getloadavg()[0]
     print(f"settings: {asdict(cfg)}; torch {torch.__version__}, {threads} threads; load average {load:.1f}")
@@ -185,7 +209,7 @@ def main() -> None:
             flush=True,
         )
         result = {}
-        for backend in BACKENDS:
+        for backend in backends:
             cmd = [sys.executable, __file__, "--worker", case, backend, *sys.argv[1:]]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:
@@ -193,20 +217,22 @@ def main() -> None:
             result[backend] = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append((case, result))
 
-    header = f"{'case':<18} {'ref ms':>9} {'jagged ms':>10} {'speed-up':>9} {'ref MiB':>9} {'jagged MiB':>11} {'mem ratio':>10}"
-    print("\n" + header + "\n" + "-" * len(header))
+    base = backends[0]
+    step_kind = "forward" if args.forward_only else "forward + backward"
+    print(f"\n{step_kind} step: ms and peak MiB per backend; x = {base}'s time / this backend's")
+    header = f"{'case':<18}" + "".join(f"{b + ' ms':>14} {'x':>6} {b + ' MiB':>14}" for b in backends)
+    print(header + "\n" + "-" * len(header))
     for case, r in rows:
-        ref, jag = r["reference"], r["jagged"]
-        ratio = jag["peak_mib"] / ref["peak_mib"] if ref["peak_mib"] > 0 else math.nan
-        print(
-            f"{case:<18} {ref['step_ms']:>9.1f} {jag['step_ms']:>10.1f} {ref['step_ms'] / jag['step_ms']:>8.2f}x "
-            f"{ref['peak_mib']:>9.1f} {jag['peak_mib']:>11.1f} {ratio:>10.3f}"
-        )
+        print(f"{case:<18}" + "".join(
+            f"{r[b]['step_ms']:>14.1f} {r[base]['step_ms'] / r[b]['step_ms']:>5.2f}x {r[b]['peak_mib']:>14.1f}"
+            for b in backends))  # fmt: skip
     if args.record:
-        figures = [(f"{case}, step ms / peak MiB, padded reference vs jagged",
-                    f"{r['reference']['step_ms']:.1f} vs {r['jagged']['step_ms']:.1f} ms; "
-                    f"{r['reference']['peak_mib']:.0f} vs {r['jagged']['peak_mib']:.0f} MiB") for case, r in rows]  # fmt: skip
-        record("jagged", "jagged vs padded attention, CPU (bench/jagged.py)", figures)
+        figures = [(f"{case}, {step_kind} step ms / peak MiB, {' vs '.join(backends)}",
+                    " vs ".join(f"{r[b]['step_ms']:.1f}" for b in backends) + " ms; "
+                    + " vs ".join(f"{r[b]['peak_mib']:.0f}" for b in backends) + " MiB") for case, r in rows]  # fmt: skip
+        key = "jagged" + ("" if backends == ["reference", "jagged"] else "." + "-".join(backends))
+        key += ".forward" if args.forward_only else ""
+        record(key, f"jagged attention backends, CPU, {step_kind} (bench/jagged.py)", figures)
 
 
 if __name__ == "__main__":
