@@ -143,7 +143,7 @@ def read_online(store, user_ids: Sequence[int], view=None) -> tuple[pd.DataFrame
                 continue  # a row from before the identity fields: nothing to merge exactly
             rows["user_id"].append(user)
             for name, value in lists.items():
-                rows[name].append(feast_value_type_to_python_type(value))
+                rows[name].append(_int64s(value, feast_value_type_to_python_type))
     if not rows["user_id"]:
         return empty_events(), stamps
     table = pa.table(
@@ -179,6 +179,14 @@ def merge_online(
 
         store.push(RECENT_EVENTS_PUSH, table.to_pandas(), to=PushMode.ONLINE)
     return table
+
+
+def _int64s(value, convert) -> list[int]:
+    """An int64 list value as Python ints: read straight off the proto (Feast's general converter costs ~20 µs a
+    value, a third of the collector's time); any other kind goes through Feast's ``convert``."""
+    if value.WhichOneof("val") == "int64_list_val":
+        return list(value.int64_list_val.val)
+    return convert(value)
 
 
 def _micros(ts) -> int:
