@@ -24,7 +24,7 @@ from feast import FeatureStore, FeatureView
 from features.feature_repo.encoding import encode_values, entity_keys
 
 ID_CHUNK = 5000  # entity keys per query (SQLite caps bound parameters)
-MAX_USERS = 200_000  # users kept (~60 kB each at 64 events); beyond, the cache starts over
+MAX_USERS = 20_000  # users kept (~7 kB each at 64 events: ~150 MB); beyond, the cache starts over (misses cost a read)
 
 
 class ListCache:
