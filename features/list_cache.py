@@ -90,4 +90,4 @@ class ListCache:
         if len(self.written) + len(users) > MAX_USERS:
             self.written.clear()
         for i, user in enumerate(users.tolist()):
-            self.written[user] = (tuple(v[i] for v in encoded), rows[bounds[i] : bounds[i + 1]])
+            self.written[user] = (tuple(v[i] for v in encoded), rows[bounds[i] : bounds[i + 1]].copy())
