@@ -73,7 +73,8 @@ def build_collector(cfg: EventsConfig, ws, env: dict[str, str] | None = None) ->
     from features.feature_repo import RECENT_EVENTS_PUSH
     from features.feature_repo.online import push_views
     from features.feature_repo.online_read import sqlite_connection
-    from features.recent_events import merge_online
+    from features.list_cache import ListCache
+    from features.recent_events import LIST_COLUMNS, merge_online
     from features.store import open_store
 
     store = open_store(ws, cfg.feature_store, apply=True)
@@ -86,9 +87,12 @@ def build_collector(cfg: EventsConfig, ws, env: dict[str, str] | None = None) ->
         online_db.execute("PRAGMA journal_mode=WAL")
         online_db.execute("PRAGMA synchronous=NORMAL")
     n = cfg.recent_events
+    # the lists this collector wrote, checked against the store's bytes before each merge (features.list_cache)
+    view = next(v for v in views if v.name == "user_recent_events")
+    cache = ListCache.of(store, view, LIST_COLUMNS)
 
     def push(events, as_of):
-        return merge_online(store, events, n, as_of, views=views)
+        return merge_online(store, events, n, as_of, views=views, cache=cache)
 
     path = log_path(cfg, ws)
     event_log = EventLog(path)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import asdict, astuple, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from serving.events.validate import Event
@@ -38,7 +38,13 @@ CREATE TABLE IF NOT EXISTS exports (lo INTEGER NOT NULL, hi INTEGER NOT NULL, do
     PRIMARY KEY (lo, hi));
 """
 NEW, DUPLICATE, CONFLICT = "new", "duplicate", "conflict"
+ID_CHUNK = 5000  # event ids per lookup (SQLite caps bound parameters)
 CONFLICT_REASON = "expect_column_values_to_be_unique(event_id)"  # the gate's reason for a reused id
+
+
+def _row(event: Event) -> tuple:
+    """``astuple`` without its per-field deepcopy (a quarter of the log's time at 2,000 events/s)."""
+    return tuple(getattr(event, c) for c in COLUMNS)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -58,7 +64,16 @@ class EventLog:
         self._insert = (
             f"INSERT OR IGNORE INTO events ({insert_columns}) VALUES ({', '.join('?' * (len(COLUMNS) + 1))})"
         )
-        self._select = f"SELECT {', '.join(COLUMNS)} FROM events WHERE event_id = ?"
+        self._select = f"SELECT {', '.join(COLUMNS)} FROM events WHERE event_id IN "
+
+    def _logged(self, event_ids: set[int], cur: sqlite3.Cursor) -> dict[int, Event]:
+        """The logged events among ``event_ids``, by id."""
+        ids, found = list(event_ids), {}
+        for lo in range(0, len(ids), ID_CHUNK):
+            chunk = ids[lo : lo + ID_CHUNK]
+            for row in cur.execute(self._select + f"({','.join('?' * len(chunk))})", chunk):
+                found[row[0]] = Event(*row)
+        return found
 
     def append(
         self, events: list[Event], quarantined: list[tuple[str, str, str]], now_online: list[int]
@@ -67,7 +82,7 @@ class EventLog:
         payload)`` rows, insert ``events``. Returns NEW, DUPLICATE (same event already logged) or CONFLICT (the id is
         logged with other content) per event."""
         received = time.time_ns() // 1000
-        status = []
+        rows = [(*_row(e), received) for e in events]
         cur = self.conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
@@ -78,12 +93,17 @@ class EventLog:
                     "INSERT INTO quarantine (received_us, reason, detail, payload) VALUES (?, ?, ?, ?)",
                     [(received, *q) for q in quarantined],
                 )
-            for event in events:
-                cur.execute(self._insert, (*astuple(event), received))
-                if cur.rowcount == 1:
+            # One lookup for the ids already logged, then one bulk insert of the rest (this thread is the only
+            # writer, so nothing lands between the two); a repeat within the group is its own duplicate.
+            logged = self._logged({e.event_id for e in events}, cur)
+            status, fresh = [], []
+            for event, row in zip(events, rows, strict=True):
+                stored = logged.get(event.event_id)
+                if stored is None:
                     status.append(NEW)
+                    fresh.append(row)
+                    logged[event.event_id] = event
                     continue
-                stored = Event(*cur.execute(self._select, (event.event_id,)).fetchone())
                 status.append(DUPLICATE if stored == event else CONFLICT)
                 if stored != event:  # the first copy stays; this one is quarantined like a refused event
                     detail = f"event_id {event.event_id} is already logged with other content"
@@ -91,6 +111,7 @@ class EventLog:
                         "INSERT INTO quarantine (received_us, reason, detail, payload) VALUES (?, ?, ?, ?)",
                         (received, CONFLICT_REASON, detail, json.dumps(asdict(event))),
                     )
+            cur.executemany(self._insert, fresh)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
