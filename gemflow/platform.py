@@ -27,7 +27,6 @@ service are in ``<ws>/platform/logs/``.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -44,6 +43,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gemflow.processes import pids_with_env, signal_group, signal_pid, start_ticks, stop_group
 from gemflow.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,52 +104,13 @@ def _repo_path(value: str) -> str:
     return str(path if path.is_absolute() else REPO / path)
 
 
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None  # exited, not yet reaped
-    return int(fields[19])
-
-
 def _alive(svc: Service) -> bool:
-    return _start_ticks(svc.pid) == svc.start_ticks
+    return start_ticks(svc.pid) == svc.start_ticks
 
 
 def _marked_pids(marker: str) -> list[int]:
     """Every live process of this user whose environment carries ``GEMFLOW_PLATFORM_ID=<marker>``."""
-    needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and _start_ticks(int(entry.name)):
-                found.append(int(entry.name))
-        except OSError:  # gone, or another user's
-            continue
-    return found
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _signal_pid(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+    return pids_with_env(MARKER, marker)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -390,7 +351,7 @@ class Platform:
             )
         ticks = None
         for _ in range(50):
-            ticks = _start_ticks(proc.pid)
+            ticks = start_ticks(proc.pid)
             if ticks is not None:
                 break
             time.sleep(0.02)
@@ -573,7 +534,7 @@ class Platform:
                     "endpoint",
                     pid,
                     pid,
-                    _start_ticks(pid) or 0,
+                    start_ticks(pid) or 0,
                     ["gemflow", "serve"],
                     str(log),
                     self.endpoint_url,
@@ -595,11 +556,7 @@ class Platform:
             raise PlatformError("the endpoint is the deploy DAG's: trigger gemflow_deploy to restart it")
         # The old group goes whole, its leader dead or not: a killed scheduler's workers and task processes
         # would otherwise stay behind as orphans (its tasks are then retried by the new scheduler).
-        _signal_group(old.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.stop_timeout
-        while _group_alive(old.pgid) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        _signal_group(old.pgid, signal.SIGKILL)
+        stop_group(old.pgid, self.cfg.stop_timeout)
         self.cfg = PlatformConfig(**state["config"])
         new = self._spawn(name, old.cmd, self.env(state["marker"]), old.url)
         state["services"] = [asdict(new) if s.name == name else asdict(s) for s in services]
@@ -619,20 +576,20 @@ class Platform:
         stopped = []
         for svc in reversed(services):
             if _alive(svc):
-                _signal_group(svc.pgid, signal.SIGTERM)
+                signal_group(svc.pgid, signal.SIGTERM)
                 stopped.append(f"{svc.name} (pid {svc.pid})")
         others = [p for p in _marked_pids(marker)]
         for pid in others:
-            _signal_pid(pid, signal.SIGTERM)
+            signal_pid(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.stop_timeout
         while time.monotonic() < deadline and (any(_alive(s) for s in services) or _marked_pids(marker)):
             time.sleep(0.3)
         leftovers = _marked_pids(marker)
         for svc in services:
             if _alive(svc):
-                _signal_group(svc.pgid, signal.SIGKILL)
+                signal_group(svc.pgid, signal.SIGKILL)
         for pid in leftovers:
-            _signal_pid(pid, signal.SIGKILL)
+            signal_pid(pid, signal.SIGKILL)
         if leftovers:
             echo(f"killed {len(leftovers)} process(es) that ignored SIGTERM: {leftovers}")
         deadline = time.monotonic() + 10
@@ -642,7 +599,7 @@ class Platform:
         if still:
             raise PlatformError(f"processes of this platform survived SIGKILL: {still}")
         pid_file = self.ws.root / "serving" / "server.pid"
-        if pid_file.exists() and not _start_ticks(int(pid_file.read_text())):
+        if pid_file.exists() and not start_ticks(int(pid_file.read_text())):
             pid_file.unlink()  # the endpoint went down with the platform
         self.state_file.unlink()
         for line in stopped:

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from features.feature_repo.online_read import online_reader
-from serving.children import Backoff, clean_environ
-from serving.parent_watch import when_parent_exits
+from gemflow.processes import Backoff, ProcessRef, when_gone
+from serving.children import clean_environ
 from serving.stats import AD_REFRESH_FAILING, AD_REFRESHES, CHILD_DEATHS, CHILD_RESTARTS
 
 log = logging.getLogger(__name__)
@@ -344,10 +344,10 @@ def _prime_child(make_loader: Callable[[], Loader]) -> None:
     _child_loader(make_loader)
 
 
-def _init_child(server_pid: int) -> None:
+def _init_child(server: ProcessRef) -> None:
     os.nice(19)  # the lowest priority: the refresh runs on cycles request scoring leaves idle
     # a killed server must not leave its refresh process behind (the pool's queues never report it)
-    when_parent_exits(lambda: os._exit(0), server_pid)
+    when_gone(server, lambda: os._exit(0))
 
 
 class ProcessLoader:
@@ -357,7 +357,7 @@ class ProcessLoader:
     ``make_loader`` must be picklable (a module-level function or a ``functools.partial`` of one). A refresh
     still running after ``timeout_s`` fails this round (the table keeps its snapshot) and the next call waits for
     that same refresh instead of queueing another. A child that died (killed, or its pool broken) fails its refresh
-    and is started again by the first call after ``backoff`` (``serving.children.Backoff``); deaths and restarts
+    and is started again by the first call after ``backoff`` (``gemflow.processes.Backoff``); deaths and restarts
     are counted in ``/metrics`` (``gemflow_ranker_child_deaths`` / ``_restarts``, ``child="ad_refresh"``).
     """
 
@@ -385,7 +385,7 @@ class ProcessLoader:
             1,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_child,
-            initargs=(os.getpid(),),
+            initargs=(ProcessRef.me(),),
         )
         with clean_environ():  # (the pool spawns its child in submit)
             future = self._pool.submit(fn, self.make_loader)

@@ -24,8 +24,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+from gemflow.processes import ProcessRef, stop_processes, when_gone
 from serving.config import ServingConfig
-from serving.parent_watch import when_parent_exits
 from serving.stats import SHARED_METRICS_ENV
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def listen(cfg: ServingConfig, loaded) -> socket.socket:
     return sock
 
 
-def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor_pid: int) -> None:
+def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor: ProcessRef) -> None:
     from gemflow.workspace import Workspace
     from serving.auth import AuthError
     from serving.model_source import ModelLoadError
@@ -74,7 +74,7 @@ def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor_pid: int) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the supervisor; it stops us
     # killed with SIGKILL, the supervisor stops nobody: an orphan would keep answering on the port, and a server
     # started there again would share it with the old model
-    when_parent_exits(lambda: os.kill(os.getpid(), signal.SIGTERM), supervisor_pid)
+    when_gone(supervisor, lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         serve(cfg, Workspace(Path(ws_root)), listen=lambda: listen(cfg, loaded))
     except (ModelLoadError, AuthError, StartFailed) as err:
@@ -93,7 +93,7 @@ class Supervisor:
         """A started server process and the event it sets once it listens (its model loaded)."""
         loaded = self.ctx.Event()
         proc = self.ctx.Process(
-            target=_child, args=(self.cfg, self.ws_root, loaded, os.getpid()), name="gemflow-server"
+            target=_child, args=(self.cfg, self.ws_root, loaded, ProcessRef.me()), name="gemflow-server"
         )
         proc.start()
         return proc, loaded
@@ -124,16 +124,5 @@ class Supervisor:
                         log.warning("server process %d exited (code %s); started %d", proc.pid, proc.exitcode,
                                     procs[i][0].pid)  # fmt: skip
             finally:
-                self._stop([p for p, _ in procs])
+                stop_processes([p for p, _ in procs], STOP_GRACE_S)
                 port.close()
-
-    @staticmethod
-    def _stop(procs: list[mp.Process]) -> None:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(STOP_GRACE_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
