@@ -45,6 +45,7 @@ from models.data import (
     TrainingSet,
     leave_one_out_split,
 )
+from models.finish import final_metrics, head_metrics, record, write_plots
 from models.inference import (
     ModelBundle,
     atomic_save,
@@ -56,7 +57,6 @@ from models.inference import (
     save_bundle,
 )
 from models.loop import LoopConfig, LoopState, run_loop
-from models.metrics import binary_metrics
 from models.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -273,12 +273,7 @@ def evaluate_rows(model, builder, rows, batch_size, prefix: str) -> dict[str, fl
     if len(rows) == 0:
         return {}
     rows = builder.grouped(rows)  # snapshot groups contiguous: each user-day history is encoded once
-    probs = predict(model, builder, rows, batch_size)
-    labels = builder.data.labels(rows).numpy()
-    return {
-        **binary_metrics(labels[:, 0], probs[:, 0], f"{prefix}"),
-        **binary_metrics(labels[:, 1], probs[:, 1], f"{prefix}conversion_"),
-    }
+    return head_metrics(builder.data.labels(rows).numpy(), predict(model, builder, rows, batch_size), prefix)
 
 
 def default_run_name(cfg: TrainRunConfig) -> str:
@@ -329,15 +324,9 @@ class ClickTask:
         )
 
     def plots(self, model: nn.Module, history: list[dict], run_dir: Path) -> list[Path]:
-        from models.plots import calibration_plot, learning_curve_plot
-
         valid_rows = self.setup.builder.grouped(self.setup.valid_rows)
         probs = predict(model, self.setup.builder, valid_rows, self.cfg.optim.eval_batch_size)
-        labels = self.setup.data.labels(valid_rows).numpy()
-        return [
-            learning_curve_plot(history, run_dir / "learning_curve.png"),
-            calibration_plot(labels[:, 0], probs[:, 0], run_dir / "calibration.png"),
-        ]
+        return write_plots(run_dir, history, (self.setup.data.labels(valid_rows).numpy(), probs))
 
 
 def make_task(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None):
@@ -492,17 +481,11 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
 
 
 def _finish(task, run_dir: Path, state: LoopState, tracker: Tracker) -> TrainResult:
-    """Reload the best weights, score valid and test, write metrics + plots next to the model."""
+    """Reload the best weights, score valid and test, write metrics + plots next to the model (``models.finish``,
+    the distributed ranks' end too)."""
     best = load_bundle(run_dir / "model.pt").model
-    final = {"best_epoch": float(state.best_epoch)}
-    final |= task.evaluate(best, "valid")
-    final |= task.evaluate(best, "test")
-    final[f"initial_{task.select}"] = state.history[0][task.select]
-    (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
-    (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
-    tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.epoch)
-    tracker.mark_best(state.best_epoch)  # evaluations are logged at step = epoch
+    head = {"best_epoch": float(state.best_epoch)}
+    final = final_metrics(head, lambda split: task.evaluate(best, split), state.history, task.select)
     plots = task.plots(best, state.history, run_dir)
-    for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
-        tracker.log_artifact(path)
+    record(run_dir, final, state.history, tracker, step=state.epoch, best=state.best_epoch, plots=plots)
     return TrainResult(run_dir, final, state.history, state.best_epoch, tracker.run_id)
