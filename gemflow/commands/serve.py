@@ -1,6 +1,5 @@
 """Serving commands: ``serve`` (our Open Inference Protocol server for the online ranker; KServe deploys it),
-``rank`` (a small client) and
-``serving-manifest`` (the InferenceService for a cluster, from the same config)."""
+``rank`` (a small client) and ``serving-manifest`` (the InferenceService for a cluster, from the same config)."""
 
 from __future__ import annotations
 
