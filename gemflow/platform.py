@@ -117,12 +117,12 @@ def champion_version(ws: Workspace, name: str) -> str | None:
 
     from mlflow.exceptions import MlflowException
 
-    from models.embeddings.refresh import mlflow_client
+    from models.mlflow_store import connect
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy deprecations inside MLflow's store, not ours
         try:
-            return str(mlflow_client("", ws).get_model_version_by_alias(name, "champion").version)
+            return str(connect(ws).get_model_version_by_alias(name, "champion").version)
         except MlflowException:
             return None
 

@@ -102,10 +102,12 @@ def load_champion(model_uri: str, tracking_uri: str = "", ws: Workspace | None =
     match = MODEL_URI.match(model_uri)
     if not match:
         raise ValueError(f"model URI {model_uri!r} must look like models:/NAME@ALIAS or models:/NAME/VERSION")
-    client = mlflow_client(tracking_uri, ws)
     from mlflow.exceptions import MlflowException
 
+    from models.mlflow_store import connect
     from models.registry import load_registered
+
+    client = connect(ws, tracking_uri)
 
     name, version = match["name"], match["version"]
     try:
@@ -132,12 +134,6 @@ def _checked(champion: Champion) -> Champion:
     if champion.bundle.kind != "user":
         raise ValueError(f"{champion.uri} is a {champion.bundle.kind}, not a user model")
     return champion
-
-
-def mlflow_client(tracking_uri: str = "", ws: Workspace | None = None):
-    from models.mlflow_store import connect
-
-    return connect(ws, tracking_uri)
 
 
 # ----------------------------------------------------------------------------------------------- histories
