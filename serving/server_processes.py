@@ -8,7 +8,8 @@ port: each listens on its own ``SO_REUSEPORT`` socket and the kernel spreads new
 
 The supervisor (``gemflow serve``'s own process) holds the port, points ``$PROMETHEUS_MULTIPROC_DIR`` at a fresh
 folder so that ``/metrics`` and the stats of any process count the whole server (``serving.stats``), starts the
-processes (``spawn``: each loads the model itself), replaces one that dies and stops them all on SIGTERM / SIGINT.
+processes (``spawn``: each loads the model itself), replaces one that dies (after ``gemflow.processes.Backoff``'s
+wait, as the server's other children) and stops them all on SIGTERM / SIGINT.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
-from gemflow.processes import ProcessRef, stop_processes, when_gone
+from gemflow.processes import Backoff, ProcessRef, stop_processes, when_gone
 from serving.config import ServingConfig
 from serving.stats import SHARED_METRICS_ENV
 
 log = logging.getLogger(__name__)
-RESTART_BACKOFF_S = 5.0  # a process that keeps dying is restarted at most this often
+POLL_S = 1.0  # how often the supervisor looks at its processes
 STOP_GRACE_S = 30.0
 
 
@@ -112,17 +114,30 @@ class Supervisor:
             log.info("%d server processes on http://%s:%d: %s", self.count, self.cfg.host,
                      self.cfg.http_port, [p.pid for p, _ in procs])  # fmt: skip
             try:
-                while not self.stopping.wait(RESTART_BACKOFF_S):
-                    for i, (proc, loaded) in enumerate(procs):
-                        if proc.is_alive():
-                            continue
-                        if not loaded.is_set():
-                            raise StartFailed(f"a server process exited (code {proc.exitcode}) before it "
-                                              "listened: see its error above")  # fmt: skip
-                        multiprocess.mark_process_dead(proc.pid)  # its gauges leave the sums; counters stay
-                        procs[i] = self._start()
-                        log.warning("server process %d exited (code %s); started %d", proc.pid, proc.exitcode,
-                                    procs[i][0].pid)  # fmt: skip
+                self._watch(procs, multiprocess.mark_process_dead)
             finally:
                 stop_processes([p for p, _ in procs], STOP_GRACE_S)
                 port.close()
+
+    def _watch(self, procs: list, mark_dead) -> None:
+        """Replace a server process that exits, after ``gemflow.processes.Backoff``'s wait (at once, then 1 s, 2,
+        4, ... while they keep dying), until stopped; one that exits before it listened stops the server."""
+        backoff, due = Backoff(), {}  # due: slot -> when its replacement starts
+        while not self.stopping.wait(POLL_S):
+            now = time.monotonic()
+            for i, (proc, loaded) in enumerate(procs):
+                if i in due:  # dead, its replacement waiting for its time
+                    if now >= due[i]:
+                        del due[i]
+                        procs[i] = self._start()
+                        log.warning("server process %d started (replaces %d)", procs[i][0].pid, proc.pid)
+                    continue
+                if proc.is_alive():
+                    continue
+                if not loaded.is_set():
+                    raise StartFailed(f"a server process exited (code {proc.exitcode}) before it "
+                                      "listened: see its error above")  # fmt: skip
+                mark_dead(proc.pid)  # its gauges leave the sums; counters stay
+                due[i] = now + backoff.next_delay()
+                log.warning("server process %d exited (code %s); a replacement starts in %.1f s", proc.pid,
+                            proc.exitcode, due[i] - now)  # fmt: skip
