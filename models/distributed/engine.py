@@ -95,7 +95,7 @@ def build(cfg: TrainRunConfig, ws: Workspace, resumed: dict | None = None) -> Pa
     import deepspeed
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-    from models.train import prepare
+    from models.prepare import prepare
 
     dc = cfg.distributed
     validate_distributed(dc, cfg.user_model.ffn, cfg.user_model.num_layers)

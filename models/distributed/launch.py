@@ -94,7 +94,8 @@ def run_precision(cfg: TrainRunConfig, run_dir: Path) -> str:
 def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = None) -> Path:
     """Run the job to completion; returns the run folder (metrics.json, model.pt, checkpoints/)."""
     from models.data import TrainingSetError
-    from models.train import resolve_training_set, run_dir_for
+    from models.prepare import resolve_training_set
+    from models.train import run_dir_for
 
     validate(cfg)
     if cfg.model != "user":

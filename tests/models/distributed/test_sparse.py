@@ -12,7 +12,7 @@ from gemflow.workspace import Workspace
 from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
 from models.distributed.run_checkpoint import check_table_split
 from models.distributed.sparse import SparseLookup, split_tables
-from models.train import prepare
+from models.prepare import prepare
 from tests.models.distributed.conftest import small_config
 
 
