@@ -35,9 +35,9 @@ from gemflow.workspace import Workspace
 from models import one_user
 from serving import inputs as build
 from serving import runtime
+from serving.ad_refresh_process import ProcessLoader
 from serving.ad_table import (
     AdTable,
-    ProcessLoader,
     feast_ad_loader,
     offline_ad_ids,
     sqlite_version,
