@@ -68,7 +68,8 @@ def run(args, seed: int, subdir: str = "") -> dict:
     ``<workspace>/ablations/<subdir>``."""
     from models.config import TrainRunConfig
     from models.inference import load_bundle
-    from models.train import train, user_tokens_per_example
+    from models.prepare import user_tokens_per_example
+    from models.train import train
 
     ws = Workspace(Path(args.workspace).resolve())
     training_set = args.training_set
@@ -110,7 +111,7 @@ def run(args, seed: int, subdir: str = "") -> dict:
         return result
 
     from models.data import TrainingSet
-    from models.train import resolve_training_set
+    from models.prepare import resolve_training_set
 
     data = TrainingSet(resolve_training_set(training_set, ws))
     variants = [v for v in args.variants.split(",") if v]  # "" with --loo: the leave-one-out rows only

@@ -26,10 +26,9 @@ import os
 import resource
 import time
 
-# Large tensors on transparent huge pages: each layer allocates (users, heads, L, L) bias masks and wide
-# activations afresh, and faulting them in 4 KiB pages cost as much as the attention itself (PyTorch reads
-# this once, at its first allocation, so it must be set before the import; THP_MEM_ALLOC_ENABLE=0 compares).
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+from models.malloc import huge_pages
+
+huge_pages()  # before torch is imported (models.malloc); THP_MEM_ALLOC_ENABLE=0 compares
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

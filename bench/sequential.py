@@ -61,9 +61,9 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 def popularity_row(cfg, ws: Workspace) -> dict:
     """Popularity on the same split and lists as the trained models."""
     from models.data import TrainingSet
+    from models.prepare import resolve_training_set
     from models.sequential.data import SequenceSet
     from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split
-    from models.train import resolve_training_set
 
     start = time.perf_counter()
     seqs = SequenceSet(TrainingSet(resolve_training_set(cfg.training_set, ws)), 1, 0)
@@ -147,8 +147,9 @@ def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
     and the optimizer step."""
     import torch
 
+    from models.optimizers import make_optimizers
     from models.sequential.objective import next_item_loss
-    from models.train import make_optimizers, make_task
+    from models.train import make_task
 
     task = make_task(cfg, ws)
     model = task.bundle.model.train()

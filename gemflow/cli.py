@@ -8,13 +8,7 @@ data lives (default ``$GEMFLOW_HOME`` or ``./workspace``). Every run writes the 
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
-
-# Before any stage imports torch: large CPU tensors on transparent huge pages (page faults on fresh attention
-# masks and activations cost as much as the attention itself in the embedding refresh; bench/refresh.py).
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
@@ -22,6 +16,9 @@ import typer
 from typer.core import TyperOption
 
 import gemflow.commands
+from models.malloc import huge_pages
+
+huge_pages()  # before any stage imports torch (none of the imports above does; models.malloc)
 
 app = typer.Typer(
     name="gemflow",

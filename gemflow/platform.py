@@ -27,12 +27,10 @@ service are in ``<ws>/platform/logs/``.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -44,14 +42,12 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gemflow.airflow_api import AirflowApi, AirflowRunFailed, wait_for_run
+from gemflow.processes import start_ticks, stop_group
+from gemflow.services import MARKER, PlatformError, Service, alive, spawn, stop_services, wait_ready
 from gemflow.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
-MARKER = "GEMFLOW_PLATFORM_ID"
-
-
-class PlatformError(RuntimeError):
-    """The platform cannot start (a port is taken, a component exited) or is in an unexpected state."""
 
 
 @dataclass
@@ -82,17 +78,6 @@ class PlatformConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class Service:
-    name: str
-    pid: int
-    pgid: int
-    start_ticks: int  # /proc/<pid>/stat field 22: tells a recorded pid from a reused one
-    cmd: list[str]
-    log: str
-    url: str = ""
-
-
 # ---------------------------------------------------------------- processes
 
 
@@ -102,54 +87,6 @@ def _repo_path(value: str) -> str:
         return ""
     path = Path(value)
     return str(path if path.is_absolute() else REPO / path)
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None  # exited, not yet reaped
-    return int(fields[19])
-
-
-def _alive(svc: Service) -> bool:
-    return _start_ticks(svc.pid) == svc.start_ticks
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """Every live process of this user whose environment carries ``GEMFLOW_PLATFORM_ID=<marker>``."""
-    needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and _start_ticks(int(entry.name)):
-                found.append(int(entry.name))
-        except OSError:  # gone, or another user's
-            continue
-    return found
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _signal_pid(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -180,45 +117,14 @@ def champion_version(ws: Workspace, name: str) -> str | None:
 
     from mlflow.exceptions import MlflowException
 
-    from models.embeddings.refresh import mlflow_client
+    from models.mlflow_store import connect
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy deprecations inside MLflow's store, not ours
         try:
-            return str(mlflow_client("", ws).get_model_version_by_alias(name, "champion").version)
+            return str(connect(ws).get_model_version_by_alias(name, "champion").version)
         except MlflowException:
             return None
-
-
-class AirflowApi:
-    """Airflow's public REST API as the embedded simple auth manager's ``admin`` (its generated password)."""
-
-    def __init__(self, base: str, passwords: Path, user: str = "admin"):
-        self.base, self.token = base, ""
-        body = json.dumps({"username": user, "password": json.loads(passwords.read_text())[user]}).encode()
-        self.token = self.call("POST", "/auth/token", body)["access_token"]
-
-    def call(self, method: str, path: str, data: bytes | None = None) -> dict:
-        req = urllib.request.Request(f"{self.base}{path}", data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
-
-    def runs(self, dag_id: str = "~") -> list[dict]:
-        return self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=500&order_by=start_date")["dag_runs"]
-
-    def tasks(self, dag_id: str, run_id: str) -> dict[str, dict]:
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
-        return {t["task_id"]: t for t in self.call("GET", path)["task_instances"]}
-
-    def events(self, asset_name: str) -> list[dict]:
-        assets = self.call("GET", f"/api/v2/assets?name_pattern={urllib.parse.quote(asset_name)}")["assets"]
-        asset = next((a for a in assets if a["name"] == asset_name), None)
-        if asset is None:
-            return []
-        return self.call("GET", f"/api/v2/assets/events?asset_id={asset['id']}&limit=100")["asset_events"]
 
 
 # ---------------------------------------------------------------- the platform
@@ -265,22 +171,11 @@ class Platform:
 
     def wait_for(self, dag_id: str, timeout: float, echo=print, poll: float = 15.0) -> dict:
         """Block until ``dag_id`` has a successful run; echo each run that finishes meanwhile; fail on a failed
-        run of any DAG (with its id and note)."""
-        api, seen = self.api(), set()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for r in api.runs():
-                key = (r["dag_id"], r["dag_run_id"], r["state"])
-                if r["state"] in ("success", "failed") and key not in seen:
-                    seen.add(key)
-                    note = f"  ({r['note']})" if r.get("note") else ""
-                    echo(f"{r['end_date'][11:19]}  {r['dag_id']:<17} {r['state']:<8} {r['dag_run_id']}{note}")
-                if r["state"] == "failed":
-                    raise PlatformError(f"{r['dag_id']} run {r['dag_run_id']} failed; see the Airflow UI")
-                if r["dag_id"] == dag_id and r["state"] == "success":
-                    return r
-            time.sleep(poll)
-        raise PlatformError(f"no successful {dag_id} run within {timeout:.0f}s")
+        run of any DAG (``gemflow.airflow_api.wait_for_run``)."""
+        try:
+            return wait_for_run(self.api(), dag_id, timeout, echo, poll)
+        except AirflowRunFailed as err:
+            raise PlatformError(str(err)) from None
 
     # state
     def read_state(self) -> dict | None:
@@ -296,7 +191,7 @@ class Platform:
 
     def running(self) -> list[Service]:
         state = self.read_state() or {}
-        return [s for s in (Service(**d) for d in state.get("services", [])) if _alive(s)]
+        return [s for s in (Service(**d) for d in state.get("services", [])) if alive(s)]
 
     # environment
     def _secret(self, name: str) -> str:
@@ -379,33 +274,11 @@ class Platform:
         return day
 
     # start
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], url: str = "") -> Service:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log = self.logs / f"{name}.log"
-        with open(log, "ab") as out:
-            out.write(f"\n=== {dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ} {' '.join(cmd)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.ws.root, start_new_session=True
-            )
-        ticks = None
-        for _ in range(50):
-            ticks = _start_ticks(proc.pid)
-            if ticks is not None:
-                break
-            time.sleep(0.02)
-        return Service(name, proc.pid, proc.pid, ticks or 0, cmd, str(log), url)
+    def _start(self, name: str, cmd: list[str], env: dict[str, str], url: str = "") -> Service:
+        return spawn(name, cmd, env, self.ws.root, self.logs, url)
 
     def _wait(self, svc: Service, ready, what: str) -> None:
-        deadline = time.monotonic() + self.cfg.start_timeout
-        while time.monotonic() < deadline:
-            if not _alive(svc):
-                tail = Path(svc.log).read_text(errors="replace")[-3000:]
-                raise PlatformError(f"{svc.name} exited while starting; {svc.log} ends with:\n{tail}")
-            if ready():
-                return
-            time.sleep(1.0)
-        raise PlatformError(f"{svc.name} was not {what} within {self.cfg.start_timeout:.0f}s; see {svc.log}")
+        wait_ready(svc, ready, what, self.cfg.start_timeout)
 
     def check_ports(self) -> None:
         c = self.cfg
@@ -468,7 +341,7 @@ class Platform:
 
         c = self.cfg
         self.airflow_home.mkdir(parents=True, exist_ok=True)
-        mlflow = record(self._spawn("mlflow", self.mlflow_command(server_command), env, self.mlflow_url))
+        mlflow = record(self._start("mlflow", self.mlflow_command(server_command), env, self.mlflow_url))
         echo(f"mlflow          pid {mlflow.pid}  starting on {self.mlflow_url}")
 
         t0 = time.monotonic()
@@ -482,7 +355,7 @@ class Platform:
         echo(f"airflow db      migrated in {time.monotonic() - t0:.0f}s ({self.airflow_home / 'airflow.db'})")
 
         af = str(self.airflow_bin / "airflow")
-        api = record(self._spawn(
+        api = record(self._start(
             "airflow-api-server",
             [af, "api-server", "--host", c.host, "--port", str(c.airflow_port), "--workers", str(c.api_workers)],
             env, self.airflow_url,
@@ -498,7 +371,7 @@ class Platform:
             ("airflow-dag-processor", [af, "dag-processor"]),
             ("airflow-triggerer", [af, "triggerer", "--skip-serve-logs"]),
         ):
-            svc = record(self._spawn(name, cmd, env))
+            svc = record(self._start(name, cmd, env))
             echo(f"{name[8:]:<15} pid {svc.pid}")
 
         self._wait(mlflow, lambda: _http_ok(f"{self.mlflow_url}/health") is not None, "answering /health")
@@ -522,7 +395,7 @@ class Platform:
             "--port",
             str(c.events_port),
         ]
-        svc = record(self._spawn("events", cmd, env, self.events_url))
+        svc = record(self._start("events", cmd, env, self.events_url))
         self._wait(
             svc, lambda: _http_ok(f"{self.events_url}/health/live") is not None, "answering /health/live"
         )
@@ -573,7 +446,7 @@ class Platform:
                     "endpoint",
                     pid,
                     pid,
-                    _start_ticks(pid) or 0,
+                    start_ticks(pid) or 0,
                     ["gemflow", "serve"],
                     str(log),
                     self.endpoint_url,
@@ -595,13 +468,9 @@ class Platform:
             raise PlatformError("the endpoint is the deploy DAG's: trigger gemflow_deploy to restart it")
         # The old group goes whole, its leader dead or not: a killed scheduler's workers and task processes
         # would otherwise stay behind as orphans (its tasks are then retried by the new scheduler).
-        _signal_group(old.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.stop_timeout
-        while _group_alive(old.pgid) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        _signal_group(old.pgid, signal.SIGKILL)
+        stop_group(old.pgid, self.cfg.stop_timeout)
         self.cfg = PlatformConfig(**state["config"])
-        new = self._spawn(name, old.cmd, self.env(state["marker"]), old.url)
+        new = self._start(name, old.cmd, self.env(state["marker"]), old.url)
         state["services"] = [asdict(new) if s.name == name else asdict(s) for s in services]
         self._write_state(state)
         echo(f"restarted {name}: pid {new.pid} (was {old.pid})")
@@ -615,34 +484,9 @@ class Platform:
             echo(f"nothing recorded under {self.state_file}: the platform is not running from this workspace")
             return []
         services = [Service(**d) for d in state.get("services", [])]
-        marker = state["marker"]
-        stopped = []
-        for svc in reversed(services):
-            if _alive(svc):
-                _signal_group(svc.pgid, signal.SIGTERM)
-                stopped.append(f"{svc.name} (pid {svc.pid})")
-        others = [p for p in _marked_pids(marker)]
-        for pid in others:
-            _signal_pid(pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.stop_timeout
-        while time.monotonic() < deadline and (any(_alive(s) for s in services) or _marked_pids(marker)):
-            time.sleep(0.3)
-        leftovers = _marked_pids(marker)
-        for svc in services:
-            if _alive(svc):
-                _signal_group(svc.pgid, signal.SIGKILL)
-        for pid in leftovers:
-            _signal_pid(pid, signal.SIGKILL)
-        if leftovers:
-            echo(f"killed {len(leftovers)} process(es) that ignored SIGTERM: {leftovers}")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _marked_pids(marker):
-            time.sleep(0.2)
-        still = _marked_pids(marker)
-        if still:
-            raise PlatformError(f"processes of this platform survived SIGKILL: {still}")
+        stopped, others = stop_services(services, state["marker"], self.cfg.stop_timeout, echo)
         pid_file = self.ws.root / "serving" / "server.pid"
-        if pid_file.exists() and not _start_ticks(int(pid_file.read_text())):
+        if pid_file.exists() and not start_ticks(int(pid_file.read_text())):
             pid_file.unlink()  # the endpoint went down with the platform
         self.state_file.unlink()
         for line in stopped:

@@ -16,16 +16,15 @@ A checkpoint (model, both optimizers, epoch/step, RNG, early-stopping state, MLf
 atomically after every epoch; rerunning the command with ``--resume`` continues from it (without, it trains a new run
 in a new folder; ``models.run_folder``). Outputs in the run folder:
 ``model.pt`` (best weights), ``checkpoint.pt``, ``config.yaml``, ``metrics.json``, ``history.json``, plots.
+What a run trains on is ``models.prepare``'s, its optimizers ``models.optimizers``', its end ``models.finish``'s.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,27 +35,23 @@ from torch import nn
 from gemflow.config import save_config
 from gemflow.workspace import Workspace
 from models import run_folder
-from models.config import TrainRunConfig, resolve_user_model, validate
-from models.data import (
-    SNAPSHOTS,
-    USER_VOCAB_ROW,
-    BatchBuilder,
-    DenseSpec,
-    TrainingSet,
-    leave_one_out_split,
-)
+from models.config import TrainRunConfig, validate
+from models.finish import final_metrics, head_metrics, record, write_plots
 from models.inference import (
-    ModelBundle,
     atomic_save,
     batches,
-    build_model,
-    embed_examples,
     load_bundle,
     predict,
     save_bundle,
 )
 from models.loop import LoopConfig, LoopState, run_loop
-from models.metrics import binary_metrics
+from models.optimizers import (
+    load_sparse_optimizer_state,
+    make_optimizers,
+    scheduled_lr,
+    sparse_optimizer_state,
+)
+from models.prepare import Setup, prepare, resolve_objective, resolve_training_set, seed_everything
 from models.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -72,194 +67,6 @@ class TrainResult:
     mlflow_run_id: str | None
 
 
-def resolve_training_set(name_or_path: str, ws: Workspace) -> Path:
-    path = Path(name_or_path)
-    return path if path.is_dir() else ws.training(name_or_path)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# ----------------------------------------------------------------------------------------------- setup
-@dataclass
-class Setup:
-    data: TrainingSet
-    builder: BatchBuilder
-    bundle: ModelBundle
-    train_rows: np.ndarray
-    valid_rows: np.ndarray
-    test_rows: np.ndarray
-
-
-def prepare(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None) -> Setup:
-    """Load the training set, fit the dense normalization on train rows, build batches and the model.
-
-    ``user_embeddings`` (ranker only): (examples, K * d) cached user tokens to use instead of the training
-    set's ``user_embedding`` column (the ablation bench passes what it just embedded).
-    """
-    validate(cfg)
-    seed_everything(cfg.optim.seed)
-    path = resolve_training_set(cfg.training_set, ws)
-    if cfg.model == "user":
-        if resolve_objective(cfg, path) != "click":
-            raise ValueError(
-                f"{path}: the next-item objective trains in one process (`gemflow train` without --nproc)"
-            )
-        cfg = replace(cfg, user_model=resolve_user_model(cfg.user_model, leave_one_out=False))
-    data = TrainingSet(path, require_ranker=cfg.model == "ranker")
-    if cfg.split_mode == "leave_one_out":
-        data.examples["split"] = leave_one_out_split(data.examples)
-    train_rows, valid_rows, test_rows = (data.split_rows(s) for s in ("train", "valid", "test"))
-    if len(train_rows) == 0 or len(valid_rows) == 0:
-        raise ValueError(
-            f"{data.path}: need train and valid examples, got {len(train_rows)} train / {len(valid_rows)} valid"
-        )
-    if cfg.optim.max_train_examples and len(train_rows) > cfg.optim.max_train_examples:
-        keep = np.random.default_rng(cfg.optim.seed).choice(
-            len(train_rows), cfg.optim.max_train_examples, replace=False
-        )
-        train_rows = np.sort(train_rows[keep])
-    frame = data.dense_frame()
-    dense = DenseSpec.fit(frame.iloc[train_rows], data.dense_columns())
-
-    user_model_version, token_dim = "", 0
-    if cfg.model == "user":
-        mc = cfg.user_model
-        builder = BatchBuilder(
-            data, dense, history_len=mc.max_history, time_buckets=mc.time_buckets, gap_to="previous",
-            snapshot=mc.snapshot,
-        )  # fmt: skip
-    else:
-        mc = cfg.ranker
-        present = None
-        if mc.use_user_tokens:
-            user_embeddings, present, user_model_version = _cached_user_tokens(cfg, data, user_embeddings)
-        if user_embeddings is not None:
-            token_dim = user_embeddings.shape[1] // mc.num_user_tokens
-        builder = BatchBuilder(
-            data, dense, history_len=mc.recent_events, time_buckets=mc.time_buckets, gap_to="request",
-            user_embeddings=user_embeddings if mc.use_user_tokens else None, user_present=present,
-            num_user_tokens=mc.num_user_tokens, fresh_delay_s=mc.fresh_delay_s,
-        )  # fmt: skip
-    model = build_model(cfg.model, mc, data.vocab, len(dense.columns), token_dim)
-    init_output_bias(model, data.labels(train_rows).numpy().mean(0))
-    bundle = ModelBundle(
-        cfg.model, model, data.vocab, dense, token_dim, "", user_model_version, vocabularies=data.vocabularies
-    )
-    return Setup(data, builder, bundle, train_rows, valid_rows, test_rows)
-
-
-def resolve_objective(cfg: TrainRunConfig, path: Path) -> str:
-    """The user model's objective: as configured, or for "auto" next_item on a set split leave-one-out (by
-    build-training-set, or re-split here by ``split_mode: leave_one_out``)."""
-    if cfg.user_model.objective != "auto":
-        return cfg.user_model.objective
-    if cfg.split_mode == "leave_one_out":
-        return "next_item"
-    manifest = path / "manifest.json"
-    split = json.loads(manifest.read_text()).get("split", "time") if manifest.exists() else "time"
-    return "next_item" if split == "leave-one-out" else "click"
-
-
-def init_output_bias(model: nn.Module, rates: np.ndarray) -> None:
-    """Start the click/conversion logits at the train base rates: the untrained model then predicts the
-    background rate (NE 1.0) and training only has to learn what depends on the inputs."""
-    rates = np.clip(rates, 1e-4, 1 - 1e-4)
-    with torch.no_grad():
-        model.head[-1].bias.copy_(torch.from_numpy(np.log(rates / (1 - rates))).float())
-        model.head[-1].weight.mul_(0.1)
-
-
-def _cached_user_tokens(cfg: TrainRunConfig, data: TrainingSet, given: np.ndarray | None):
-    if given is not None:
-        return given, np.ones(len(given), bool), "given"
-    if cfg.ranker.user_model:
-        user_bundle = load_bundle(cfg.ranker.user_model)
-        emb = user_tokens_per_example(user_bundle, data)
-        return emb, np.ones(len(emb), bool), user_bundle.version
-    emb, present, versions = data.user_embeddings()
-    if emb is None:
-        raise ValueError(
-            f"{data.path}: ranker.use_user_tokens=true but the training set has no user_embedding values; "
-            "set ranker.user_model=<user-model run dir> or ranker.use_user_tokens=false (online-only)"
-        )
-    return emb, present, ",".join(versions)
-
-
-def user_tokens_per_example(bundle: ModelBundle, data: TrainingSet, batch_size: int = 256) -> np.ndarray:
-    """(examples, K * d) cached user tokens of every example, cut the way the user model was trained:
-    as of the example itself (``snapshot="example"``), or as of its day's start (``"day"``: one encode per user-day,
-    the daily refresh). Either way no event at or after the example's own cut enters its tokens."""
-    every = SNAPSHOTS[getattr(bundle.cfg, "snapshot", "example")]
-    data = data.as_seen_by(bundle.vocabularies)  # the user model's own rows, whatever set feeds the ranker
-    if not every:
-        return embed_examples(bundle, data)
-    rows = np.arange(len(data.examples))
-    group, cuts = data.snapshot_groups(rows, every)
-    head = np.unique(group, return_index=True)[1]  # one example row per user-day
-    model, cfg = bundle.model, bundle.cfg
-    out = []
-    with torch.no_grad():
-        for chunk in batches(np.arange(len(head)), batch_size, "embed user-days"):
-            h = data.history(
-                head[chunk], cfg.max_history, cfg.time_buckets, gap_to="previous", cuts=cuts[head[chunk]]
-            )
-            user_id = torch.from_numpy(data.examples[USER_VOCAB_ROW].to_numpy(np.int64)[head[chunk]])
-            out.append(model.encode_user(h, user_id).flatten(1))
-    per_group = torch.cat(out).numpy().astype(np.float32)
-    return per_group[group]
-
-
-# ----------------------------------------------------------------------------------------------- optimizers
-def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(embedding tables of the torchrec EmbeddingCollection, every other parameter)."""
-    sparse = [p for n, p in model.named_parameters() if ".ec.embeddings." in f".{n}"]
-    ids = {id(p) for p in sparse}
-    return sparse, [p for p in model.parameters() if id(p) not in ids]
-
-
-def make_optimizers(
-    model: nn.Module, cfg, *, sparse_in_backward: bool = True
-) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
-    """(tables updated in backward by row-wise Adagrad, AdamW over the rest); with ``sparse_in_backward``
-    False every parameter, the tables included, is AdamW's."""
-    from torchrec.optim import RowWiseAdagrad
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
-    sparse, dense = split_parameters(model) if sparse_in_backward else ([], list(model.parameters()))
-    if sparse:
-        apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": cfg.sparse_lr})
-    return sparse, torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def scheduled_lr(base_lr: float, step: int, total_steps: int, oc) -> float:
-    """The dense lr for optimizer step ``step`` (0-based) of ``total_steps``: linear warm-up, then decay.
-
-    Stateless (a function of the step counter the checkpoint keeps), so a resumed run continues the schedule.
-    """
-    if oc.warmup_steps and step < oc.warmup_steps:
-        return base_lr * (step + 1) / oc.warmup_steps
-    if oc.lr_decay == "none":
-        return base_lr
-    span = max(1, total_steps - oc.warmup_steps)
-    progress = min(1.0, (step - oc.warmup_steps) / span)
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if oc.lr_decay == "cosine" else 1 - progress
-    return base_lr * (oc.min_lr_ratio + (1 - oc.min_lr_ratio) * shape)
-
-
-def sparse_optimizer_state(sparse: list[nn.Parameter]) -> list[dict]:
-    return [p._in_backward_optimizers[0].state_dict() for p in sparse]
-
-
-def load_sparse_optimizer_state(sparse: list[nn.Parameter], states: list[dict]) -> None:
-    for p, state in zip(sparse, states, strict=True):
-        p._in_backward_optimizers[0].load_state_dict(state)
-
-
-# ----------------------------------------------------------------------------------------------- loop
 def loss_fn(
     logits: torch.Tensor, labels: torch.Tensor, aux: torch.Tensor, cfg: TrainRunConfig
 ) -> torch.Tensor:
@@ -273,12 +80,7 @@ def evaluate_rows(model, builder, rows, batch_size, prefix: str) -> dict[str, fl
     if len(rows) == 0:
         return {}
     rows = builder.grouped(rows)  # snapshot groups contiguous: each user-day history is encoded once
-    probs = predict(model, builder, rows, batch_size)
-    labels = builder.data.labels(rows).numpy()
-    return {
-        **binary_metrics(labels[:, 0], probs[:, 0], f"{prefix}"),
-        **binary_metrics(labels[:, 1], probs[:, 1], f"{prefix}conversion_"),
-    }
+    return head_metrics(builder.data.labels(rows).numpy(), predict(model, builder, rows, batch_size), prefix)
 
 
 def default_run_name(cfg: TrainRunConfig) -> str:
@@ -329,15 +131,9 @@ class ClickTask:
         )
 
     def plots(self, model: nn.Module, history: list[dict], run_dir: Path) -> list[Path]:
-        from models.plots import calibration_plot, learning_curve_plot
-
         valid_rows = self.setup.builder.grouped(self.setup.valid_rows)
         probs = predict(model, self.setup.builder, valid_rows, self.cfg.optim.eval_batch_size)
-        labels = self.setup.data.labels(valid_rows).numpy()
-        return [
-            learning_curve_plot(history, run_dir / "learning_curve.png"),
-            calibration_plot(labels[:, 0], probs[:, 0], run_dir / "calibration.png"),
-        ]
+        return write_plots(run_dir, history, (self.setup.data.labels(valid_rows).numpy(), probs))
 
 
 def make_task(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None = None):
@@ -492,17 +288,11 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
 
 
 def _finish(task, run_dir: Path, state: LoopState, tracker: Tracker) -> TrainResult:
-    """Reload the best weights, score valid and test, write metrics + plots next to the model."""
+    """Reload the best weights, score valid and test, write metrics + plots next to the model (``models.finish``,
+    the distributed ranks' end too)."""
     best = load_bundle(run_dir / "model.pt").model
-    final = {"best_epoch": float(state.best_epoch)}
-    final |= task.evaluate(best, "valid")
-    final |= task.evaluate(best, "test")
-    final[f"initial_{task.select}"] = state.history[0][task.select]
-    (run_dir / "metrics.json").write_text(json.dumps(final, indent=2))
-    (run_dir / "history.json").write_text(json.dumps(state.history, indent=2))
-    tracker.log_metrics({f"final_{k}": v for k, v in final.items()}, step=state.epoch)
-    tracker.mark_best(state.best_epoch)  # evaluations are logged at step = epoch
+    head = {"best_epoch": float(state.best_epoch)}
+    final = final_metrics(head, lambda split: task.evaluate(best, split), state.history, task.select)
     plots = task.plots(best, state.history, run_dir)
-    for path in (*plots, run_dir / "config.yaml", run_dir / "metrics.json", run_dir / "history.json"):
-        tracker.log_artifact(path)
+    record(run_dir, final, state.history, tracker, step=state.epoch, best=state.best_epoch, plots=plots)
     return TrainResult(run_dir, final, state.history, state.best_epoch, tracker.run_id)

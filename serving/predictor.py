@@ -29,14 +29,15 @@ import time
 
 import torch
 from kserve import Model
+from kserve.errors import InvalidInput
 
 from gemflow.workspace import Workspace
 from models import one_user
 from serving import inputs as build
 from serving import runtime
+from serving.ad_refresh_process import ProcessLoader
 from serving.ad_table import (
     AdTable,
-    ProcessLoader,
     feast_ad_loader,
     offline_ad_ids,
     sqlite_version,
@@ -48,7 +49,7 @@ from serving.id_rows import IdRows
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
-from serving.schema import ParsedRequest
+from serving.schema import ParsedRequest, RequestError, parse_request
 from serving.scoring_processes import ScoringProcesses, WorkerSetup
 from serving.scoring_threads import ScoringThreads
 from serving.stats import ServingStats
@@ -264,8 +265,22 @@ class RankerPredictor(Model):
         self.stats.request("degraded" if fb["degraded"] else "ok")
 
     async def predict(self, payload, headers=None):
-        """KServe's own predict path is not routed here: ``serving.gateway`` answers both protocols."""
-        raise NotImplementedError("requests reach the ranker through serving.gateway")
+        """KServe's ``Model.predict``, V1 only: what KServe's own data plane would call. The server routes no
+        inference here (``serving.gateway`` answers both protocols with its limits, deadline and error shapes);
+        ``bench/kserve_path.py`` serves through it to compare KServe's public path with ours."""
+        if not isinstance(payload, dict):
+            raise InvalidInput("this predictor answers V1 payloads; V2 is served by serving.gateway")
+        lim = self.cfg.limits
+        now = time.time()
+        bounds = (now - 86400 * lim.request_ts_max_age_days, now + lim.request_ts_max_ahead_s)
+        try:
+            req = parse_request(payload, lim.max_candidates, bounds)
+        except RequestError as err:
+            raise InvalidInput(str(err)) from None
+        result = await self.answer(req, time.monotonic() + lim.request_timeout_ms / 1e3)
+        self.count(result)
+        result = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in result.items()}  # FastAPI's JSON
+        return {"predictions": [result]} if req.wrapped else result
 
     def rank(self, job: Job) -> dict:
         """The scoring of one request (on a reading or scoring thread, ``serving.scoring_threads``)."""

@@ -16,7 +16,7 @@ keeps its own candidate cache; it answers one job at a time over a pipe:
 The event loop reads the answers itself (``loop.add_reader`` on each pipe): no thread between a worker and the loop.
 A worker goes back to the idle pool only once its answer is read, so a request abandoned at its deadline never hands
 a busy worker to the next one (the worker stops at its next checkpoint: ``Job.check``). A worker that dies fails its
-request (the gateway answers 503) and is replaced in the background after a backoff (``serving.children``); deaths
+request (the gateway answers 503) and is replaced in the background after a backoff (``gemflow.processes.Backoff``); deaths
 and restarts are ``/metrics`` counters (``child="scoring"``).
 """
 
@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from serving.children import Backoff, clean_environ
+from gemflow.processes import Backoff, stop_processes
+from serving.children import clean_environ
 from serving.request_scorer import Cancelled, Job
 from serving.stats import CHILD_DEATHS, CHILD_RESTARTS
 
@@ -245,7 +246,4 @@ class ScoringProcesses:
                     self._loop.remove_reader(worker.conn.fileno())
             with contextlib.suppress(OSError):
                 worker.conn.send(("stop",))
-        for worker in self._workers:
-            worker.proc.join(timeout=5)
-            if worker.proc.is_alive():
-                worker.proc.kill()
+        stop_processes([w.proc for w in self._workers], grace=5.0, terminate=False)  # asked to stop above

@@ -1,20 +1,26 @@
-"""The real KServe ``ModelServer`` around the ranker, safe by default.
+"""The model server: our own Open Inference Protocol server, with KServe's app beside it for the server-level routes.
 
-KServe adds its V1/V2 routes to the module-level ``kserve.model_server.app`` when the server starts.
-``serving.gateway`` wraps that app as the ASGI application uvicorn runs: it answers the ranker's routes itself,
-before any of FastAPI's layers (middleware, routing), and hands the rest to KServe. ``ModelServer.start``
-hard-codes ``0.0.0.0`` and uvicorn's defaults, so ``GemflowModelServer`` builds the same ``RESTServer`` with the
-configured host, the gateway and the connection limits (``serving.connections``).
+KServe is the deployment target (an ``InferenceService`` runs our predictor container, ``serving.manifest``); the
+protocol is served by our code. ``serving.gateway`` is the ASGI application uvicorn runs: it answers the ranker's
+V1/V2 routes itself (limits, deadlines, strict parsing, both protocols' error shapes) and hands the server-level
+routes (health, server metadata, the model list, ``/metrics``, the opt-in model-repository extension) to KServe's
+FastAPI app. That app is built through KServe's public API only: a ``kserve.ModelServer`` holds the model registry
+(``register_model``), a ``RESTServer`` registers KServe's routes on it (``create_application``); uvicorn's own
+``Server`` then serves the gateway on ``cfg.host`` (KServe's servers bind ``0.0.0.0``) with the connection limits
+of ``serving.connections``, on this process's own socket when several server processes share the port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from collections.abc import Callable
 
 import kserve
+import uvicorn
+from kserve import model_server
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
 from kserve.protocol.rest.server import RESTServer
 
@@ -24,34 +30,33 @@ from serving.config import ServingConfig
 from serving.connections import set_access_log, uvicorn_settings
 
 log = logging.getLogger(__name__)
+GRACE_S = 30  # SIGTERM: requests in flight get this long to finish (KServe's default grace period)
 
 
-class GemflowModelServer(kserve.ModelServer):
-    """``kserve.ModelServer`` whose REST server binds ``cfg.host``, runs ``app`` (the gateway around KServe's
-    app) and applies ``cfg.connections``' limits."""
+def kserve_app(predictor: kserve.Model):
+    """KServe's FastAPI app with its V1/V2 routes, serving ``predictor`` (loaded) from its model registry."""
+    if not predictor.ready:
+        raise RuntimeError(f"model {predictor.name!r} is not ready: nothing to serve")
+    kserve_server = kserve.ModelServer(enable_grpc=False, workers=1, enable_latency_logging=False)
+    kserve_server.register_model(predictor)
+    RESTServer(FASTAPI_APP_IMPORT_STRING, kserve_server.dataplane, kserve_server.model_repository_extension,
+               http_port=0).create_application()  # fmt: skip
+    return model_server.app
 
-    def __init__(self, cfg: ServingConfig, app):
-        super().__init__(http_port=cfg.http_port, enable_grpc=False, workers=1, enable_latency_logging=False)
-        self.cfg, self.app = cfg, app
 
-    def start(self, models, sock: socket.socket | None = None) -> None:
-        """Serve ``models``, on ``sock`` when given (this process's own socket on a port several share)."""
-        self._register_and_check_atleast_one_model_is_ready(models)
-        rest = RESTServer(FASTAPI_APP_IMPORT_STRING, self.dataplane, self.model_repository_extension,
-                          self.http_port, workers=1, grace_period=self.grace_period)  # fmt: skip
-        rest.config.host = self.cfg.host
-        rest.config.app = self.app  # an ASGI object instead of KServe's import string (one worker process)
-        for key, value in uvicorn_settings(self.cfg.connections).items():
-            setattr(rest.config, key, value)
-        set_access_log(self.cfg.connections.access_log)
-        self._rest_server = rest
-        self.servers.append(rest.start() if sock is None else _serve_on(rest, sock))
-        self.setup_event_loop()
-        self.register_signal_handler()
-        log.info("serving %s on http://%s:%d (%s event loop)", [m.name for m in models], self.cfg.host,
-                 self.http_port, self.cfg.connections.event_loop)  # fmt: skip
-        with asyncio.Runner(loop_factory=loop_factory(self.cfg.connections.event_loop)) as runner:
-            runner.run(self._serve())
+def run_server(cfg: ServingConfig, app, sock: socket.socket | None = None) -> None:
+    """Serve the ASGI ``app`` on ``cfg.host:cfg.http_port`` (or on ``sock``) until SIGTERM / SIGINT; uvicorn
+    finishes the requests in flight first (``GRACE_S``)."""
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.http_port, log_config=None,
+                            timeout_graceful_shutdown=GRACE_S, **uvicorn_settings(cfg.connections))  # fmt: skip
+    set_access_log(cfg.connections.access_log)
+    server = uvicorn.Server(config)
+    # uvicorn raises the signal that stopped it again once it has shut down: this handler takes it, so that the
+    # process ends as a finished server (exit code 0), not as one killed by it
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    with asyncio.Runner(loop_factory=loop_factory(cfg.connections.event_loop)) as runner:
+        runner.run(server.serve(sockets=None if sock is None else [sock]))
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -61,12 +66,6 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
         return uvloop.new_event_loop
     return None
-
-
-async def _serve_on(rest: RESTServer, sock: socket.socket) -> None:
-    """``RESTServer.start`` on an already bound socket (its uvicorn server takes one; KServe does not pass it)."""
-    rest.create_application()
-    await rest._server.serve(sockets=[sock])
 
 
 def _log_to_stderr() -> None:
@@ -92,8 +91,6 @@ def serve(cfg: ServingConfig, ws: Workspace, listen: Callable[[], socket.socket]
         from serving.server_processes import Supervisor
 
         return Supervisor(cfg, ws.root).run()
-    from kserve import model_server
-
     from serving.gateway import Gateway
     from serving.pauses import freeze_heap
     from serving.predictor import RankerPredictor
@@ -106,4 +103,9 @@ def serve(cfg: ServingConfig, ws: Workspace, listen: Callable[[], socket.socket]
     sock = None if listen is None else listen()
     if tokens.inference is None:
         log.info("inference routes are open (set $GEMFLOW_SERVING_TOKEN to require a bearer token)")
-    GemflowModelServer(cfg, Gateway(model_server.app, predictor, cfg, tokens)).start([predictor], sock)
+    log.info("serving %s on http://%s:%d (%s event loop)", predictor.name, cfg.host, cfg.http_port,
+             cfg.connections.event_loop)  # fmt: skip
+    try:
+        run_server(cfg, Gateway(kserve_app(predictor), predictor, cfg, tokens), sock)
+    finally:
+        predictor.stop()

@@ -8,7 +8,8 @@ port: each listens on its own ``SO_REUSEPORT`` socket and the kernel spreads new
 
 The supervisor (``gemflow serve``'s own process) holds the port, points ``$PROMETHEUS_MULTIPROC_DIR`` at a fresh
 folder so that ``/metrics`` and the stats of any process count the whole server (``serving.stats``), starts the
-processes (``spawn``: each loads the model itself), replaces one that dies and stops them all on SIGTERM / SIGINT.
+processes (``spawn``: each loads the model itself), replaces one that dies (after ``gemflow.processes.Backoff``'s
+wait, as the server's other children) and stops them all on SIGTERM / SIGINT.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
+from gemflow.processes import Backoff, ProcessRef, stop_processes, when_gone
 from serving.config import ServingConfig
-from serving.parent_watch import when_parent_exits
 from serving.stats import SHARED_METRICS_ENV
 
 log = logging.getLogger(__name__)
-RESTART_BACKOFF_S = 5.0  # a process that keeps dying is restarted at most this often
+POLL_S = 1.0  # how often the supervisor looks at its processes
 STOP_GRACE_S = 30.0
 
 
@@ -65,7 +67,7 @@ def listen(cfg: ServingConfig, loaded) -> socket.socket:
     return sock
 
 
-def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor_pid: int) -> None:
+def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor: ProcessRef) -> None:
     from gemflow.workspace import Workspace
     from serving.auth import AuthError
     from serving.model_source import ModelLoadError
@@ -74,7 +76,7 @@ def _child(cfg: ServingConfig, ws_root: str, loaded, supervisor_pid: int) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the supervisor; it stops us
     # killed with SIGKILL, the supervisor stops nobody: an orphan would keep answering on the port, and a server
     # started there again would share it with the old model
-    when_parent_exits(lambda: os.kill(os.getpid(), signal.SIGTERM), supervisor_pid)
+    when_gone(supervisor, lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         serve(cfg, Workspace(Path(ws_root)), listen=lambda: listen(cfg, loaded))
     except (ModelLoadError, AuthError, StartFailed) as err:
@@ -93,7 +95,7 @@ class Supervisor:
         """A started server process and the event it sets once it listens (its model loaded)."""
         loaded = self.ctx.Event()
         proc = self.ctx.Process(
-            target=_child, args=(self.cfg, self.ws_root, loaded, os.getpid()), name="gemflow-server"
+            target=_child, args=(self.cfg, self.ws_root, loaded, ProcessRef.me()), name="gemflow-server"
         )
         proc.start()
         return proc, loaded
@@ -112,28 +114,30 @@ class Supervisor:
             log.info("%d server processes on http://%s:%d: %s", self.count, self.cfg.host,
                      self.cfg.http_port, [p.pid for p, _ in procs])  # fmt: skip
             try:
-                while not self.stopping.wait(RESTART_BACKOFF_S):
-                    for i, (proc, loaded) in enumerate(procs):
-                        if proc.is_alive():
-                            continue
-                        if not loaded.is_set():
-                            raise StartFailed(f"a server process exited (code {proc.exitcode}) before it "
-                                              "listened: see its error above")  # fmt: skip
-                        multiprocess.mark_process_dead(proc.pid)  # its gauges leave the sums; counters stay
-                        procs[i] = self._start()
-                        log.warning("server process %d exited (code %s); started %d", proc.pid, proc.exitcode,
-                                    procs[i][0].pid)  # fmt: skip
+                self._watch(procs, multiprocess.mark_process_dead)
             finally:
-                self._stop([p for p, _ in procs])
+                stop_processes([p for p, _ in procs], STOP_GRACE_S)
                 port.close()
 
-    @staticmethod
-    def _stop(procs: list[mp.Process]) -> None:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(STOP_GRACE_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    def _watch(self, procs: list, mark_dead) -> None:
+        """Replace a server process that exits, after ``gemflow.processes.Backoff``'s wait (at once, then 1 s, 2,
+        4, ... while they keep dying), until stopped; one that exits before it listened stops the server."""
+        backoff, due = Backoff(), {}  # due: slot -> when its replacement starts
+        while not self.stopping.wait(POLL_S):
+            now = time.monotonic()
+            for i, (proc, loaded) in enumerate(procs):
+                if i in due:  # dead, its replacement waiting for its time
+                    if now >= due[i]:
+                        del due[i]
+                        procs[i] = self._start()
+                        log.warning("server process %d started (replaces %d)", procs[i][0].pid, proc.pid)
+                    continue
+                if proc.is_alive():
+                    continue
+                if not loaded.is_set():
+                    raise StartFailed(f"a server process exited (code {proc.exitcode}) before it "
+                                      "listened: see its error above")  # fmt: skip
+                mark_dead(proc.pid)  # its gauges leave the sums; counters stay
+                due[i] = now + backoff.next_delay()
+                log.warning("server process %d exited (code %s); a replacement starts in %.1f s", proc.pid,
+                            proc.exitcode, due[i] - now)  # fmt: skip

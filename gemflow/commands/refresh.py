@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
 
         from models import mlflow_store
         from models.data import TrainingSetError
-        from models.embeddings.refresh import mlflow_client
+        from models.mlflow_store import connect
         from models.registry import GateConfig, register_bundle, run_gate
         from models.registry.heldout import evaluator
 
@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
         if kind not in ("user", "ranker"):
             raise _fail(ValueError(f"--kind must be user or ranker, got {kind!r}"))
         try:
-            client = mlflow_client(tracking_uri, w)
+            client = connect(w, tracking_uri)
             run = _run_folder(client, w, kind, run_dir, run_id)
             training_set = training_set or _run_training_set(run)
             data = Path(training_set) if Path(training_set).is_dir() else w.training(training_set)
@@ -265,13 +265,14 @@ def register(app: typer.Typer) -> None:
     def _champion_exists(cfg, w) -> bool:
         from mlflow.exceptions import MlflowException
 
-        from models.embeddings.refresh import MODEL_URI, mlflow_client
+        from models.embeddings.refresh import MODEL_URI
+        from models.mlflow_store import connect
 
         match = MODEL_URI.match(cfg.model_uri)
         if not match or not match["alias"]:
             return True  # a file or a pinned version: let the refresh itself say what is wrong
         try:
-            mlflow_client(cfg.tracking_uri, w).get_model_version_by_alias(match["name"], match["alias"])
+            connect(w, cfg.tracking_uri).get_model_version_by_alias(match["name"], match["alias"])
         except MlflowException:
             return False
         return True

@@ -1,5 +1,5 @@
-"""Serving commands: ``serve`` (the KServe ModelServer with the online ranker), ``rank`` (a small client) and
-``serving-manifest`` (the InferenceService for a cluster, from the same config)."""
+"""Serving commands: ``serve`` (our Open Inference Protocol server for the online ranker; KServe deploys it),
+``rank`` (a small client) and ``serving-manifest`` (the InferenceService for a cluster, from the same config)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--model-uri", help="MLflow URI or a local model.pt bundle path.")
         ] = None,
     ) -> None:
-        """Serve the online ranker (KServe V1 + V2 REST) until interrupted.
+        """Serve the online ranker (V1 + Open Inference Protocol V2 REST) until interrupted.
 
         Set GEMFLOW_SERVING_TOKEN to require ``Authorization: Bearer <token>`` on the inference routes."""
         from serving.auth import AuthError

@@ -120,8 +120,9 @@ def register(app: typer.Typer) -> None:
         from models import evaluate
         from models.data import TrainingSet, TrainingSetError
         from models.inference import load_bundle
+        from models.prepare import resolve_training_set
         from models.sequential.evaluate import is_next_item, next_item_metrics
-        from models.train import evaluate_rows, resolve_training_set
+        from models.train import evaluate_rows
 
         _logging()
         if split not in ("test", "valid"):

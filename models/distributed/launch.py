@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 from gemflow.config import save_config
+from gemflow.processes import run_in_own_group
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig, validate
 from models.distributed.config import validate_distributed
-from models.distributed.orphans import run_in_own_group
+from models.distributed.orphans import launcher_env
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +94,8 @@ def run_precision(cfg: TrainRunConfig, run_dir: Path) -> str:
 def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = None) -> Path:
     """Run the job to completion; returns the run folder (metrics.json, model.pt, checkpoints/)."""
     from models.data import TrainingSetError
-    from models.train import resolve_training_set, run_dir_for
+    from models.prepare import resolve_training_set
+    from models.train import run_dir_for
 
     validate(cfg)
     if cfg.model != "user":
@@ -115,9 +117,8 @@ def launch(cfg: TrainRunConfig, ws: Workspace, *, env: dict[str, str] | None = N
     config_path = save_config(cfg, run_dir)
     cmd = command(cfg, config_path, ws, run_dir)
     log.info("launching %d rank(s): %s", cfg.distributed.nproc, " ".join(cmd))
-    returncode = run_in_own_group(
-        cmd, env=launch_env(cfg.distributed.nproc, env, cfg.distributed.threads_per_rank), cwd=REPO
-    )
+    rank_env = {**launch_env(cfg.distributed.nproc, env, cfg.distributed.threads_per_rank), **launcher_env()}
+    returncode = run_in_own_group(cmd, env=rank_env, cwd=REPO)
     if returncode:
         raise DistributedRunError(
             f"distributed training exited with {returncode} (a rank failed or was killed); rerun the same "

@@ -43,6 +43,7 @@ from gemflow.workspace import Workspace
 from models.data import Events
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
 from models.inference import ModelBundle, load_bundle, save_bundle
+from models.malloc import huge_pages
 from models.transforms import lengths, previous_gaps, time_bucket
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,12 @@ def load_champion(model_uri: str, tracking_uri: str = "", ws: Workspace | None =
     match = MODEL_URI.match(model_uri)
     if not match:
         raise ValueError(f"model URI {model_uri!r} must look like models:/NAME@ALIAS or models:/NAME/VERSION")
-    client = mlflow_client(tracking_uri, ws)
     from mlflow.exceptions import MlflowException
 
+    from models.mlflow_store import connect
     from models.registry import load_registered
+
+    client = connect(ws, tracking_uri)
 
     name, version = match["name"], match["version"]
     try:
@@ -131,12 +134,6 @@ def _checked(champion: Champion) -> Champion:
     if champion.bundle.kind != "user":
         raise ValueError(f"{champion.uri} is a {champion.bundle.kind}, not a user model")
     return champion
-
-
-def mlflow_client(tracking_uri: str = "", ws: Workspace | None = None):
-    from models.mlflow_store import connect
-
-    return connect(ws, tracking_uri)
 
 
 # ----------------------------------------------------------------------------------------------- histories
@@ -268,9 +265,7 @@ def encode_parallel(bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig
             part = seqs.take(rows)
             arrays = {f"v_{f}": part.values[f] for f in HISTORY_FIELDS}
             np.savez(Path(tmp) / f"shard-{rank}.npz", user_ids=part.user_ids, offsets=part.offsets, **arrays)
-        # Workers allocate large masks and activations per batch: huge pages save most of their page faults
-        # (read by PyTorch at start-up, so the spawned workers get it through the environment).
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+        huge_pages()  # the workers' large masks and activations per batch (read by torch at their start-up)
         mp.start_processes(
             _worker, args=(str(model_path), tmp, cfg, threads), nprocs=cfg.nproc, start_method="spawn"
         )

@@ -16,7 +16,8 @@ import numpy as np
 
 from features.feature_repo.offline import partition_days, read_partition
 from gemflow.workspace import Workspace
-from models.embeddings.refresh import EMBEDDING_TABLE, MODEL_URI, load_local, mlflow_client
+from models.embeddings.refresh import EMBEDDING_TABLE, MODEL_URI, load_local
+from models.mlflow_store import connect
 
 RANKER_CHAMPION_URI = "models:/gem-ranker@champion"
 VERSION_TAG = "gemflow.user_model_version"
@@ -73,7 +74,7 @@ def expected_versions(
         )
     from mlflow.exceptions import MlflowException
 
-    client = mlflow_client(tracking_uri, ws)
+    client = connect(ws, tracking_uri)
     name = match["name"]
     try:
         mv = (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.data import TrainingSet
+from models.finish import head_metrics
 from models.inference import predict
-from models.metrics import binary_metrics
 from models.registry.logging import load_registered
 from models.registry.scoring import batch_builder
 from models.sequential.evaluate import is_next_item, next_item_metrics
@@ -28,10 +28,8 @@ def bundle_metrics(
     rows = data.split_rows(split)
     if len(rows) == 0:
         raise ValueError(f"{data.path} has no {split!r} rows to judge models on")
-    probs = predict(bundle.model, batch_builder(bundle, data), rows, batch_size)
-    labels = data.labels(rows).numpy()
-    return binary_metrics(labels[:, 0], probs[:, 0]) | binary_metrics(
-        labels[:, 1], probs[:, 1], "conversion_"
+    return head_metrics(
+        data.labels(rows).numpy(), predict(bundle.model, batch_builder(bundle, data), rows, batch_size)
     )
 
 

@@ -15,7 +15,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import models.distributed.mfu  # noqa: F401  (registers the CPU SDPA flop formula)
-from models.train import Setup, loss_fn
+from models.prepare import Setup
+from models.train import loss_fn
 
 
 def step_flops(loss_of_step: Callable[[], torch.Tensor]) -> int:

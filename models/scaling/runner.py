@@ -80,9 +80,10 @@ def run_point(job: PointJob) -> dict:
 
     from models.data import TrainingSet
     from models.inference import embed_examples, load_bundle
+    from models.prepare import prepare
     from models.scaling.flops import dense_parameters, training_flops_per_example
     from models.scaling.serving_cost import serving_cost
-    from models.train import prepare, train
+    from models.train import train
 
     run_dir = Path(job.cfg.output_dir)
     done = read_result(run_dir, job.key)
@@ -169,7 +170,7 @@ class Sweep:
 
     def __init__(self, cfg: ScalingConfig, ws: Workspace):
         from models.data import TrainingSetError
-        from models.train import resolve_training_set
+        from models.prepare import resolve_training_set
 
         validate(cfg)
         self.cfg, self.ws = cfg, ws
@@ -223,8 +224,8 @@ class Sweep:
 
     def flops_of(self, point: SweepPoint) -> float:
         """Training FLOPs per example of a user-model point (counted once, cached in flops.json)."""
+        from models.prepare import prepare
         from models.scaling.flops import training_flops_per_example
-        from models.train import prepare
 
         cache_path = self.dir / "flops.json"
         cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}

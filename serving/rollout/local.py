@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemflow.processes import start_ticks, stop_group
 from serving.rollout.base import MODEL_NAME, Deployment, RolloutError, serving_dir
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    status = Path(f"/proc/{pid}/status")  # a zombie (exited, not yet reaped by its parent) is not alive
-    return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
 def is_our_server(pid: int) -> bool:
     cmdline = Path(f"/proc/{pid}/cmdline")
-    return cmdline.exists() and b"serve" in cmdline.read_bytes() and _alive(pid)
+    return cmdline.exists() and b"serve" in cmdline.read_bytes() and start_ticks(pid) is not None
 
 
 def ready_detail(url: str) -> dict | None:
@@ -46,12 +36,7 @@ def stop_local(root: Path, timeout: float = 30.0) -> bool:
     pid = int(pid_file.read_text())
     stopped = False
     if is_our_server(pid):
-        os.killpg(pid, signal.SIGTERM)  # its own session: the server and anything it spawned
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        stop_group(pid, timeout)  # its own session: the server and anything it spawned
         stopped = True
     pid_file.unlink()
     return stopped

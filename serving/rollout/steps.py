@@ -74,7 +74,8 @@ def roll_back(rollout: Rollout, ws, tracking_uri: str = "") -> tuple[Deployment,
 
 def _registry_rollback(dep: Deployment, tracking_uri: str, ws) -> str:
     """If the failed version is the registry's @champion, move the alias back (``gemflow rollback``)."""
-    from models.embeddings.refresh import MODEL_URI, mlflow_client
+    from models.embeddings.refresh import MODEL_URI
+    from models.mlflow_store import connect
 
     match = MODEL_URI.match(dep.model_uri)
     if not match or not match["version"]:
@@ -83,7 +84,7 @@ def _registry_rollback(dep: Deployment, tracking_uri: str, ws) -> str:
 
     from models.registry import champion_version, rollback
 
-    client = mlflow_client(tracking_uri, ws)
+    client = connect(ws, tracking_uri)
     if champion_version(client, match["name"]) != match["version"]:
         return ""
     try:

@@ -14,7 +14,8 @@ from serving.rollout.base import RolloutError
 
 def pin(model_uri: str, tracking_uri: str, ws) -> str:
     """``models:/name@alias`` -> ``models:/name/<its version now>``; anything else unchanged."""
-    from models.embeddings.refresh import MODEL_URI, mlflow_client
+    from models.embeddings.refresh import MODEL_URI
+    from models.mlflow_store import connect
 
     match = MODEL_URI.match(model_uri)
     if not match or not match["alias"]:
@@ -22,7 +23,7 @@ def pin(model_uri: str, tracking_uri: str, ws) -> str:
     from mlflow.exceptions import MlflowException
 
     try:
-        mv = mlflow_client(tracking_uri, ws).get_model_version_by_alias(match["name"], match["alias"])
+        mv = connect(ws, tracking_uri).get_model_version_by_alias(match["name"], match["alias"])
     except MlflowException as err:
         raise RolloutError(f"cannot resolve {model_uri}: {err.message}") from err
     return f"models:/{match['name']}/{mv.version}"

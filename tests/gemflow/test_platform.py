@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gemflow.platform import MARKER, Platform, PlatformConfig, PlatformError, Service, _start_ticks, port_free
+from gemflow.platform import MARKER, Platform, PlatformConfig, PlatformError, Service, port_free
+from gemflow.processes import start_ticks
 from gemflow.workspace import Workspace
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -26,7 +27,7 @@ ESCAPER = [sys.executable, "-c",
 
 
 def _alive(pid: int) -> bool:
-    return _start_ticks(pid) is not None
+    return start_ticks(pid) is not None
 
 
 def _spawn(cmd: list[str], marker: str) -> subprocess.Popen:
@@ -50,7 +51,7 @@ def test_down_stops_recorded_groups_and_marked_orphans_only(tmp_path):
                 break
             time.sleep(0.2)
         assert orphans, "the escaping child did not start"
-        svc = Service("svc", service.pid, service.pid, _start_ticks(service.pid), ESCAPER, "log")
+        svc = Service("svc", service.pid, service.pid, start_ticks(service.pid), ESCAPER, "log")
         p.dir.mkdir(parents=True)
         p.state_file.write_text(json.dumps({"marker": marker, "config": {}, "services": [svc.__dict__]}))
 
@@ -103,7 +104,7 @@ def test_restart_replaces_a_killed_service_and_its_leftover_group(tmp_path):
               "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
               "time.sleep(600)']); time.sleep(600)"]  # a child that stays in the group  # fmt: skip
     leader = _spawn(worker, marker)
-    svc = Service("sched", leader.pid, leader.pid, _start_ticks(leader.pid), SLEEPER, "log")
+    svc = Service("sched", leader.pid, leader.pid, start_ticks(leader.pid), SLEEPER, "log")
     p.dir.mkdir(parents=True)
     p.state_file.write_text(
         json.dumps({"marker": marker, "config": {"stop_timeout": 10}, "services": [svc.__dict__]})

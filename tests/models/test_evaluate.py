@@ -12,7 +12,7 @@ from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
 from models.evaluate import leave_one_out, loo_lists, score_lists
-from models.train import prepare
+from models.prepare import prepare
 from tests.models.fixtures import write_training_set
 
 TINY = {

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from models.config import OptimConfig, TrainRunConfig, validate
-from models.train import scheduled_lr
+from models.optimizers import scheduled_lr
 
 
 def test_default_schedule_is_the_constant_lr():

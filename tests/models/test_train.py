@@ -206,7 +206,7 @@ def _tiny_user_bundle(**kw):
 def test_daily_snapshot_tokens_are_the_history_as_of_the_day_start():
     import numpy as np
 
-    from models.train import user_tokens_per_example
+    from models.prepare import user_tokens_per_example
     from tests.models.fixtures import tiny_set
 
     data, bundle = tiny_set(), _tiny_user_bundle(snapshot="day")
@@ -230,7 +230,7 @@ def test_without_snapshots_tokens_are_per_example():
     import numpy as np
 
     from models.inference import embed_examples
-    from models.train import user_tokens_per_example
+    from models.prepare import user_tokens_per_example
     from tests.models.fixtures import tiny_set
 
     bundle = _tiny_user_bundle()

@@ -66,9 +66,9 @@ def _service_pid(platform: Platform, name: str) -> int:
 
 
 def _versions(platform: Platform, model: str) -> list:
-    from models.embeddings.refresh import mlflow_client
+    from models.mlflow_store import connect
 
-    return list(mlflow_client("", platform.ws).search_model_versions(f"name='{model}'"))
+    return list(connect(platform.ws).search_model_versions(f"name='{model}'"))
 
 
 def scheduler_killed_mid_training(platform: Platform, timeout: float = 1800) -> str:

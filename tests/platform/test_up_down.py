@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gemflow.platform import MARKER, Platform, PlatformConfig, _marked_pids, port_free
+from gemflow.platform import MARKER, Platform, PlatformConfig, port_free
+from gemflow.services import marked_pids
 from gemflow.workspace import Workspace
 from tests.dags.airflow_env import require_airflow
 from tests.platform.faults import CASES
@@ -70,7 +71,7 @@ def test_up_runs_the_pipeline_by_itself_and_down_leaves_nothing(tmp_path: Path):
         assert {"mlflow", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
                 "airflow-triggerer"} <= names  # fmt: skip
         # loopback only, and no Airflow log servers (they would bind every interface)
-        addresses = _listeners(set(_marked_pids(state["marker"])))
+        addresses = _listeners(set(marked_pids(state["marker"])))
         assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses
         assert not any(a.endswith((":8793", ":8794")) for a in addresses)
 
@@ -136,7 +137,7 @@ def test_up_runs_the_pipeline_by_itself_and_down_leaves_nothing(tmp_path: Path):
         )
     assert down.returncode == 0, down.stdout + down.stderr
     if state:
-        assert _marked_pids(state["marker"]) == []
+        assert marked_pids(state["marker"]) == []
         leftovers = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
         assert [line for line in leftovers.splitlines() if str(ws.root) in line] == []
         assert all(port_free("127.0.0.1", p) for p in ports.values())

@@ -22,10 +22,10 @@ from features.feature_repo.tables import STATS_KINDS
 from features.store import open_store
 from gemflow.workspace import Workspace
 from models.data import DenseSpec
+from serving.ad_refresh_process import ProcessLoader
 from serving.ad_table import (
     AdSnapshot,
     AdTable,
-    ProcessLoader,
     feast_ad_loader,
     offline_ad_ids,
     sqlite_version,
@@ -179,7 +179,7 @@ def test_process_loader_failures_are_failed_refreshes_and_a_dead_child_is_replac
 
 def test_the_refresh_process_exits_when_its_server_is_killed(tmp_path):
     script = (
-        "import sys; from serving.ad_table import ProcessLoader; from tests.serving import ad_loaders; "
+        "import sys; from serving.ad_refresh_process import ProcessLoader; from tests.serving import ad_loaders; "
         "loader = ProcessLoader(ad_loaders.pid_loader, timeout_s=60); "
         "print(int(loader().columns['pid'][1]), flush=True); sys.stdin.read()"
     )
@@ -264,7 +264,9 @@ def test_a_child_that_keeps_dying_is_restarted_with_backoff():
             loader()
         with pytest.raises(RuntimeError, match=r"starts in 1\.0 s"):
             loader()
-        with pytest.raises(RuntimeError, match=r"starts in [01]\.\d s"):  # backing off: no child started meanwhile
+        with pytest.raises(
+            RuntimeError, match=r"starts in [01]\.\d s"
+        ):  # backing off: no child started meanwhile
             loader()
         time.sleep(1.1)
         with pytest.raises(RuntimeError, match=r"starts in 2\.0 s"):
@@ -280,7 +282,9 @@ def test_the_refresh_child_does_not_inherit_the_parents_deleted_metrics_folder(t
     loader = ProcessLoader(ad_loaders.imports_feast, timeout_s=120)
     try:
         assert _child_pid(loader) != os.getpid()  # importing Feast there used to fail: FileNotFoundError
-        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(gone)  # the parent's own environment is left as it was
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(
+            gone
+        )  # the parent's own environment is left as it was
     finally:
         loader.close()
 

@@ -9,12 +9,13 @@ import sys
 import pytest
 import torch
 
+from models.malloc import keep_freed_memory
 from serving import runtime
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc tuning is glibc-only")
-def test_glibc_accepts_the_malloc_thresholds():
-    assert runtime.keep_allocations_in_heap()
+def test_glibc_accepts_the_servers_bounded_malloc_setting():
+    assert keep_freed_memory(runtime.MAX_KEPT_BYTES)
 
 
 def test_configure_sets_the_intra_op_threads():

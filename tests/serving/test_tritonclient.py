@@ -1,5 +1,7 @@
 """A third-party Open Inference Protocol client against the running server: tritonclient (HTTP), JSON and binary
-tensors, the same ranking as the V1 answer; model metadata printed."""
+tensors, the same ranking as the V1 answer; model metadata printed. These pin what tritonclient relies on of the
+protocol that our own server (``serving.gateway``, ``serving.v2``) answers beside KServe (``serving.server``): health,
+server and model metadata, readiness of a model that is not served, inference, statistics, errors."""
 
 from __future__ import annotations
 
@@ -82,3 +84,14 @@ def test_a_client_mistake_is_an_inference_server_exception(client):
     bad.set_data_from_numpy(np.array([1, 1], np.uint8), binary_data=True)
     with pytest.raises(InferenceServerException, match="duplicate ad id"):
         client.infer(MODEL, [_inputs(True)[0], bad])
+
+
+def test_server_metadata_and_a_model_that_is_not_served(client):
+    meta = client.get_server_metadata()
+    assert meta["name"] and meta["version"] and isinstance(meta["extensions"], list)
+    assert "model_repository_extension" not in meta["extensions"]  # off unless admin.repository_api is on
+    assert client.is_model_ready(MODEL) and not client.is_model_ready("no-such-model")
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="not served here"):
+        client.get_model_metadata("no-such-model")

@@ -99,20 +99,20 @@ def test_state_round_trips_pickle_free_and_restores_the_rng_streams(tmp_path):
     import torch
 
     from models.distributed.checkpoint import load_state, save_state
-    from models.distributed.trainer import _rng_state, _set_rng_state
+    from models.distributed.run_checkpoint import rng_state, set_rng_state
 
     table = torch.nn.EmbeddingBag(5, 3)
     optim = torch.optim.Adagrad(table.parameters(), lr=0.1)
     table(torch.tensor([[1, 2]])).sum().backward()
     optim.step()  # optimizer state keyed by int, with tensors and floats
-    state = {"rng": _rng_state(), "replicated": {"model": table.state_dict(), "optim": optim.state_dict()}}
+    state = {"rng": rng_state(), "replicated": {"model": table.state_dict(), "optim": optim.state_dict()}}
     save_state(state, tmp_path / "part")
     draws = (torch.rand(3), np.random.rand(3), random.random())
 
     json.loads((tmp_path / "part.json").read_text())  # plain JSON
     assert all(isinstance(t, torch.Tensor) for t in torch.load(tmp_path / "part.pt", weights_only=True))
     loaded = load_state(tmp_path / "part")
-    _set_rng_state(loaded["rng"])
+    set_rng_state(loaded["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
     other = torch.optim.Adagrad(table.parameters(), lr=0.1)

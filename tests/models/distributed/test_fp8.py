@@ -18,7 +18,8 @@ from models.distributed.fp8 import (
 )
 from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
 from models.distributed.moe import swap_in_moe
-from models.train import loss_fn, prepare
+from models.prepare import prepare
+from models.train import loss_fn
 from tests.models.distributed.conftest import small_config
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.distributed.trainer import CRASH_IN_CHECKPOINT
+from models.distributed.run_checkpoint import CRASH_IN_CHECKPOINT
 from models.inference import load_bundle
 from models.layers import MixtureOfExperts
 from tests.models.distributed.conftest import REPO, gemflow_train, write_learnable_set

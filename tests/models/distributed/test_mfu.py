@@ -8,7 +8,8 @@ import torch
 
 from gemflow.workspace import Workspace
 from models.distributed.mfu import counted_flops, measure_matmul_peak, mfu, user_model_flops
-from models.train import loss_fn, prepare
+from models.prepare import prepare
+from models.train import loss_fn
 from tests.models.distributed.conftest import small_config
 
 

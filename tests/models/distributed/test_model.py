@@ -9,7 +9,8 @@ import torch
 
 from gemflow.workspace import Workspace
 from models.distributed.model import DenseTower, ShardableSparse, next_event_sources, sparse_ids
-from models.train import loss_fn, prepare
+from models.prepare import prepare
+from models.train import loss_fn
 from tests.models.distributed.conftest import small_config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from models.distributed.orphans import _stat, is_running
+from gemflow.processes import ProcessRef
 from tests.models.distributed.conftest import write_learnable_set
 
 pytestmark = pytest.mark.integration  # two real 2-rank launches
@@ -43,9 +43,9 @@ def _ranks_started(run: Path, launcher: subprocess.Popen, nproc: int, timeout: f
         files = sorted((run / "ranks").glob("rank-*.pid"))
         if len(files) == nproc:
             pids = [int(f.read_text()) for f in files]
-            stats = {pid: _stat(pid) for pid in pids}
-            if all(stats.values()):
-                return {pid: stat[1] for pid, stat in stats.items()}
+            refs = [ProcessRef.of(pid) for pid in pids]
+            if all(refs):
+                return {ref.pid: ref.start for ref in refs}
         time.sleep(0.5)
     raise AssertionError(f"the ranks did not start within {timeout:.0f}s")
 
@@ -65,13 +65,16 @@ def test_no_rank_outlives_its_launcher(root, sig):
         launcher.send_signal(sig)
         launcher.wait(timeout=60)
         deadline = time.monotonic() + 20  # SIGTERM: a graceful stop; SIGKILL: the watchdogs' poll
-        while any(is_running(pid, start) for pid, start in ranks.items()) and time.monotonic() < deadline:
+        while (
+            any(ProcessRef(pid, start).running() for pid, start in ranks.items())
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.25)
-        alive = [pid for pid, start in ranks.items() if is_running(pid, start)]
+        alive = [pid for pid, start in ranks.items() if ProcessRef(pid, start).running()]
         assert not alive, f"rank(s) {alive} outlived a launcher stopped by {sig.name}"
     finally:
         if launcher.poll() is None:
             launcher.kill()
         for pid, start in ranks.items():
-            if is_running(pid, start):
+            if ProcessRef(pid, start).running():
                 os.kill(pid, signal.SIGKILL)  # leave nothing behind even when the assertion failed

@@ -12,7 +12,7 @@ from models.config import TrainRunConfig
 from models.distributed import precision
 from models.distributed.checkpoint import LATEST, checkpoint_name
 from models.distributed.launch import run_precision
-from models.distributed.trainer import check_precision
+from models.distributed.run_checkpoint import check_precision
 
 
 def test_bf16_is_chosen_only_when_it_is_not_slower():

@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 from gemflow.workspace import Workspace
 from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
+from models.distributed.run_checkpoint import check_table_split
 from models.distributed.sparse import SparseLookup, split_tables
-from models.distributed.trainer import check_table_split
-from models.train import prepare
+from models.prepare import prepare
 from tests.models.distributed.conftest import small_config
 
 

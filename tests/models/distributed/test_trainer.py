@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.distributed.trainer import PERF_WARMUP_STEPS, _StepProfiler, _write_perf
+from models.distributed.profiling import PERF_WARMUP_STEPS, StepProfiler, write_perf
 
 
 def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
@@ -26,7 +26,7 @@ def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):
     stats = [{"seconds": 2.0, "flops": 1e12, "tokens": [60, 40], "imbalance": 1.2} for _ in range(steps)]
     warm = [9.0] * PERF_WARMUP_STEPS  # slow first steps are left out
     cpu_by_rank = [warm + [1.0, 3.0], warm + [2.0, 1.0]]
-    _write_perf(p, tmp_path, stats, cpu_by_rank)
+    write_perf(p, tmp_path, stats, cpu_by_rank)
     perf = json.loads((tmp_path / "perf.json").read_text())
     assert perf["steps_timed"] == 2 and perf["precision"] == "fp32" and perf["zero_stage"] == 0
     assert perf["tokens_per_second"] == pytest.approx(200 / 4.0)
@@ -55,7 +55,7 @@ def test_profiled_steps_leave_the_throughput_and_every_ranks_account_is_kept(tmp
     cpu_by_rank = [[1.0] * steps, [1.0] * steps]
     cpu_by_rank[0][PERF_WARMUP_STEPS + 1] = 50.0
     accounts = [{"non_gemm_share": 0.6}, {"non_gemm_share": 0.5}]
-    _write_perf(p, tmp_path, stats, cpu_by_rank, accounts)
+    write_perf(p, tmp_path, stats, cpu_by_rank, accounts)
     perf = json.loads((tmp_path / "perf.json").read_text())
     assert perf["steps_timed"] == 2
     assert perf["tokens_per_second"] == pytest.approx(200 / 4.0)
@@ -66,7 +66,7 @@ def test_profiled_steps_leave_the_throughput_and_every_ranks_account_is_kept(tmp
 
 def test_the_step_account_profiles_four_steps_from_the_configured_one():
     """``distributed.step_account_from``: a window past the warm-up (steps 6-9 here), every step in it booked."""
-    profiler = _StepProfiler(None, rank=0, step_account=True, first_step=6)
+    profiler = StepProfiler(None, rank=0, step_account=True, first_step=6)
     profiled = []
     for i in range(12):
         profiler.at_step(i)

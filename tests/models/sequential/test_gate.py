@@ -49,7 +49,7 @@ def test_evaluate_cli_ranks_a_next_item_model_and_the_click_head_refuses(loo_set
 
     from gemflow.cli import app
     from models.evaluate import loo_lists, score_lists
-    from models.train import prepare
+    from models.prepare import prepare
 
     ws, name = loo_set
     overrides = _small(name, tmp_path, epochs=1)
