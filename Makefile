@@ -11,9 +11,9 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench clean up down redis chromium
+.PHONY: setup demo test test-fast lint bench clean up down redis chromium java
 
-setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis chromium
+setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis chromium java
 
 # Project environment: the ML stack, exact pins, no resolver (see requirements/project.lock).
 $(VENV)/.installed: requirements/project.lock pyproject.toml
@@ -45,6 +45,10 @@ redis:
 # own browser download is not used).
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-liberation >/dev/null)
+
+# A Java runtime (Debian's OpenJDK 17) for the Spark engine of the data plane: PySpark 4.x runs on Java 17 or 21.
+java:
+	@command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
 
 demo: setup
 	bash scripts/demo.sh
