@@ -17,6 +17,11 @@
 - ``vocabulary.npz``: raw ``user_id`` / ``ad_id`` -> model rows (``features.vocabulary``), built from the
   training period only;
 - ``manifest.json``: vocab sizes (rows per model table), counts, date range, feature refs, config.
+
+``engine: spark`` (``--set engine=spark``) runs the distributed steps (accepted-events read, histories, cuts,
+vocabulary counts) on Spark (``features.spark.training_sets``); assembly, splits, items, the Feast join and the
+files are shared with the local engine, and the files come out value-identical
+(``tests/features/test_spark_engine.py``).
 """
 
 from __future__ import annotations
