@@ -11,6 +11,8 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from features.feature_repo.offline import partition_days
 from features.ingest import IngestConfig, ingest, write_accepted
@@ -18,6 +20,7 @@ from features.sources.movielens import import_movielens
 from features.sources.synthetic import SyntheticConfig, generate
 from features.spark.session import SparkConfig, spark_session
 from features.training_sets import TrainingSetConfig, build_training_set
+from gemflow.cli import app
 from gemflow.workspace import Workspace
 
 pytestmark = pytest.mark.integration
@@ -97,3 +100,22 @@ def test_movielens_training_set_is_identical_on_both_engines(spark, movielens_di
 def test_unknown_engine_is_refused():
     with pytest.raises(ValueError, match="engine must be one of"):
         TrainingSetConfig(name="x", start="2026-01-01", end="2026-01-02", engine="dask").dates()
+
+
+def test_cli_picks_the_engine_with_set(spark, synthetic_ws):
+    ws = synthetic_ws
+    args = ["build-training-set", "--workspace", str(ws.root), "--set", "join_features=false"]
+    for engine in ("local", "spark"):
+        cmd = [
+            *args,
+            "--name",
+            f"cli-{engine}",
+            "--set",
+            f"engine={engine}",
+            "--set",
+            "spark.master=local[2]",
+        ]
+        result = CliRunner().invoke(app, cmd)
+        assert result.exit_code == 0, result.output
+    assert yaml.safe_load((ws.training("cli-spark") / "config.yaml").read_text())["engine"] == "spark"
+    _assert_same_training_set(ws, "cli-local", "cli-spark")
