@@ -237,7 +237,9 @@ def main() -> None:
         rows.append(
             ("load average before the run (1/5/15 min)", f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
         )
-        record("data-plane", "training-set stages, local vs Spark engine (bench/data_plane.py)", rows)
+        sizes = "-".join(f"{size / 1e6:g}m" for size in args.sizes)
+        key = f"data-plane.{sizes}.{'-'.join(args.engines)}"  # one section per size/engine set: runs add up
+        record(key, "training-set stages, local vs Spark engine (bench/data_plane.py)", rows)
 
 
 if __name__ == "__main__":
