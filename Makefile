@@ -50,8 +50,10 @@ chromium:
 java:
 	@command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
 
+# `make demo ENGINE=spark`: the same platform with the training sets built on Spark (local[*], features/spark).
+ENGINE ?= local
 demo: setup
-	bash scripts/demo.sh
+	DEMO_ENGINE=$(ENGINE) bash scripts/demo.sh
 
 # The platform as a service: Airflow 3 (API server + UI, scheduler, DAG processor, triggerer), the MLflow UI and
 # the ranker endpoint, on 127.0.0.1; the DAGs run themselves. Ports and sizes: configs/embedded-platform.yaml,
