@@ -73,6 +73,9 @@ class Embedded:
         landing = env("GEMFLOW_LANDING", "external")
         if landing not in ("synthetic", "external"):
             raise ValueError(f"GEMFLOW_LANDING must be 'synthetic' or 'external', got {landing!r}")
+        engine = env("GEMFLOW_DATA_ENGINE", "local")
+        if engine not in ("local", "spark"):
+            raise ValueError(f"GEMFLOW_DATA_ENGINE must be 'local' or 'spark', got {engine!r}")
         start = dt.date.fromisoformat(env("GEMFLOW_START_DATE", "2026-01-01"))
         return cls(
             landing=landing,
@@ -86,7 +89,7 @@ class Embedded:
             calibration_low=float(env("GEMFLOW_CALIBRATION_LOW", "0.8")),
             calibration_high=float(env("GEMFLOW_CALIBRATION_HIGH", "1.25")),
             endpoint_port=int(env("GEMFLOW_ENDPOINT_PORT", "8080")),
-            data_engine=env("GEMFLOW_DATA_ENGINE", "local"),
+            data_engine=engine,
         )
 
 
