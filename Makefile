@@ -11,9 +11,9 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench clean up down redis chromium
+.PHONY: setup demo test test-fast lint bench clean up down redis chromium java
 
-setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis chromium
+setup: $(VENV)/.installed $(AF_VENV)/.installed $(HELM) redis chromium java
 
 # Project environment: the ML stack, exact pins, no resolver (see requirements/project.lock).
 $(VENV)/.installed: requirements/project.lock pyproject.toml
@@ -46,8 +46,14 @@ redis:
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-liberation >/dev/null)
 
+# A Java runtime (Debian's OpenJDK 17) for the Spark engine of the data plane: PySpark 4.x runs on Java 17 or 21.
+java:
+	@command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
+
+# `make demo ENGINE=spark`: the same platform with the training sets built on Spark (local[*], features/spark).
+ENGINE ?= local
 demo: setup
-	bash scripts/demo.sh
+	DEMO_ENGINE=$(ENGINE) bash scripts/demo.sh
 
 # The platform as a service: Airflow 3 (API server + UI, scheduler, DAG processor, triggerer), the MLflow UI and
 # the ranker endpoint, on 127.0.0.1; the DAGs run themselves. Ports and sizes: configs/embedded-platform.yaml,

@@ -67,6 +67,7 @@ def gemflow_ranker():
     )  # fmt: skip
     build = stage_task(
         "build_training_set", "build-training-set", "--name", f"ranker-{RUN}", "--end", THROUGH,
+        "--set", f"engine={E.data_engine}",
         timeout=dt.timedelta(minutes=30),
     )  # fmt: skip
     train = stage_task(

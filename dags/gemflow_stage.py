@@ -54,7 +54,7 @@ class Embedded:
     ``GEMFLOW_LANDING``: ``synthetic`` = the ``gemflow_land`` DAG writes each day that ends and the ingest
     backfills from ``GEMFLOW_START_DATE``; ``external`` (default) = a deployment lands its own logs, no land DAG,
     no catch-up. The ``GEMFLOW_*_CONFIG`` files and ``GEMFLOW_NPROC`` are the DAG params' defaults (sizes that fit
-    the machine); the calibration bounds are the register gate's."""
+    the machine); the calibration bounds are the register gate's; ``GEMFLOW_DATA_ENGINE`` the training sets' engine."""
 
     landing: str
     start_date: dt.datetime
@@ -65,6 +65,7 @@ class Embedded:
     calibration_low: float
     calibration_high: float
     endpoint_port: int
+    data_engine: str = "local"  # the training sets' engine (``engine: local | spark``)
 
     @classmethod
     def from_env(cls) -> Embedded:
@@ -72,6 +73,9 @@ class Embedded:
         landing = env("GEMFLOW_LANDING", "external")
         if landing not in ("synthetic", "external"):
             raise ValueError(f"GEMFLOW_LANDING must be 'synthetic' or 'external', got {landing!r}")
+        engine = env("GEMFLOW_DATA_ENGINE", "local")
+        if engine not in ("local", "spark"):
+            raise ValueError(f"GEMFLOW_DATA_ENGINE must be 'local' or 'spark', got {engine!r}")
         start = dt.date.fromisoformat(env("GEMFLOW_START_DATE", "2026-01-01"))
         return cls(
             landing=landing,
@@ -85,6 +89,7 @@ class Embedded:
             calibration_low=float(env("GEMFLOW_CALIBRATION_LOW", "0.8")),
             calibration_high=float(env("GEMFLOW_CALIBRATION_HIGH", "1.25")),
             endpoint_port=int(env("GEMFLOW_ENDPOINT_PORT", "8080")),
+            data_engine=engine,
         )
 
 

@@ -51,6 +51,10 @@ ARG VARIANT=cpu
 LABEL org.opencontainers.image.title="gemflow" \
       org.opencontainers.image.description="gemflow CLI and stages (${VARIANT})" \
       org.opencontainers.image.licenses="Apache-2.0"
+# Java for the data plane's Spark engine (data_engine: spark runs PySpark in the stage pod).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.0.21.1+2-1~deb12u1 \
+    && rm -rf /var/lib/apt/lists/*
 # A fixed numeric uid/gid so runAsNonRoot can be verified by the kubelet.
 RUN groupadd --gid 10001 gemflow \
     && useradd --uid 10001 --gid gemflow --no-create-home --home-dir /home/gemflow --shell /usr/sbin/nologin gemflow \

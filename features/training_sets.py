@@ -17,6 +17,11 @@
 - ``vocabulary.npz``: raw ``user_id`` / ``ad_id`` -> model rows (``features.vocabulary``), built from the
   training period only;
 - ``manifest.json``: vocab sizes (rows per model table), counts, date range, feature refs, config.
+
+``engine: spark`` (``--set engine=spark``) runs the distributed steps (accepted-events read, histories, cuts,
+vocabulary counts) on Spark (``features.spark.training_sets``); assembly, splits, items, the Feast join and the
+files are shared with the local engine, and the files come out value-identical
+(``tests/features/test_spark_engine.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from features.feature_repo.offline import PARQUET_OPTIONS, partition_days, read_
 from features.feature_repo.tables import EVENT_TS
 from features.histories import SECOND_US, build_histories, cut_points
 from features.schema import ACTIONS, GENDERS, SURFACES
+from features.spark.session import SparkConfig, check_engine
 from features.splits import SPLIT_MODES, leave_one_out_split
 from features.stats import read_events
 from features.vocabulary import ID_FIELDS, Vocabulary, VocabularyConfig, VocabularyError, save_vocabularies
@@ -78,6 +84,8 @@ class TrainingSetConfig:
     feature_service: str = "ranker_training"
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
     vocabulary: VocabularyConfig = field(default_factory=VocabularyConfig)  # raw ids -> model rows
+    engine: str = "local"  # local (pandas/pyarrow, one process) | spark (features.spark; same outputs)
+    spark: SparkConfig = field(default_factory=SparkConfig)  # engine: spark only
 
     def dates(self, available: list[dt.date] | None = None) -> tuple[dt.date, dt.date]:
         """[start, end]; an empty bound is the first / latest of ``available`` accepted partitions."""
@@ -92,6 +100,7 @@ class TrainingSetConfig:
             raise ValueError(f"training set: end {end} is before start {start}")
         if self.split not in SPLIT_MODES:
             raise ValueError(f"training set: split must be one of {list(SPLIT_MODES)}, got {self.split!r}")
+        check_engine(self.engine)
         if self.valid_days < 0 or self.test_days < 0:
             raise ValueError("training set: valid_days and test_days must be >= 0")
         return start, end
@@ -108,6 +117,15 @@ def build_examples(events: pd.DataFrame, histories, start: dt.date, end: dt.date
     imp = events[in_range & (events["action"] == ACTIONS.index("impression"))]
     ts_seconds = imp["ts_us"].to_numpy(np.int64) // SECOND_US
     user_row, cut = cut_points(histories, imp["user_id"].to_numpy(), ts_seconds)
+    return examples_frame(imp, user_row, cut, end, cfg)
+
+
+def examples_frame(
+    imp: pd.DataFrame, user_row: np.ndarray, cut: np.ndarray, end: dt.date, cfg
+) -> pd.DataFrame:
+    """The example rows of impressions ``imp`` (columns of ``read_events``) given each one's history row and
+    cut, in (ts, example_id) order: the one assembly both engines use."""
+    ts_seconds = imp["ts_us"].to_numpy(np.int64) // SECOND_US
     examples = pd.DataFrame(
         {
             "example_id": imp["event_id"].to_numpy(np.int64),
@@ -182,10 +200,17 @@ def training_period(events: pd.DataFrame, examples: pd.DataFrame, end: dt.date, 
     """The events a model may learn ids from: before the first held-out day (split "time"), or every event
     but the held-out examples themselves (split "leave-one-out")."""
     if cfg.split == "time":
-        first_held_out = end.toordinal() - cfg.test_days - cfg.valid_days + 1
-        return events[events["day"] < first_held_out]
-    held_out = examples.loc[examples["split"] != "train", "example_id"].to_numpy()
-    return events[~events["event_id"].isin(held_out)]
+        return events[events["day"] < first_held_out_day(end, cfg)]
+    return events[~events["event_id"].isin(held_out_ids(examples))]
+
+
+def first_held_out_day(end: dt.date, cfg) -> int:
+    """Split "time": the ordinal of the first valid/test day (the training period ends before it)."""
+    return end.toordinal() - cfg.test_days - cfg.valid_days + 1
+
+
+def held_out_ids(examples: pd.DataFrame) -> np.ndarray:
+    return examples.loc[examples["split"] != "train", "example_id"].to_numpy()
 
 
 def build_vocabularies(period: pd.DataFrame, cfg: VocabularyConfig) -> dict[str, Vocabulary]:
@@ -263,13 +288,18 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log.info("training set %s: %d history day(s), examples %s..%s", cfg.name, len(days), start, end)
 
-    events = read_events(ws, days)
-    histories = build_histories(events)
-    examples = build_examples(events, histories, start, end, cfg)
-    if cfg.split == "leave-one-out":
-        examples["split"] = leave_one_out_split(examples)
-    vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
-    del events
+    if cfg.engine == "spark":
+        from features.spark.training_sets import histories_examples_vocabularies
+
+        histories, examples, vocabularies = histories_examples_vocabularies(ws, days, start, end, cfg)
+    else:
+        events = read_events(ws, days)
+        histories = build_histories(events)
+        examples = build_examples(events, histories, start, end, cfg)
+        if cfg.split == "leave-one-out":
+            examples["split"] = leave_one_out_split(examples)
+        vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
+        del events
     save_vocabularies(vocabularies, out)
     _write(_items(ws, end), out / "items.parquet")
     _write(histories.to_arrow(), out / "sequences.parquet")

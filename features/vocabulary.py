@@ -97,8 +97,16 @@ class Vocabulary:
     @classmethod
     def build(cls, field: str, values: np.ndarray, cfg: VocabularyConfig) -> Vocabulary:
         """From every occurrence of ``field`` in the training period (one value per event or example)."""
-        cfg.check()
         ids, counts = np.unique(np.asarray(values, np.int64), return_counts=True)
+        return cls.from_counts(field, ids, counts, cfg)
+
+    @classmethod
+    def from_counts(
+        cls, field: str, ids: np.ndarray, counts: np.ndarray, cfg: VocabularyConfig
+    ) -> Vocabulary:
+        """From each distinct id (ascending) and its occurrences in the training period (an engine that counts
+        in a distributed way hands over only these)."""
+        cfg.check()
         keep = counts >= cfg.min_count
         ids, counts = ids[keep], counts[keep]
         if cfg.hash_buckets:

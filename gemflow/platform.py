@@ -75,6 +75,7 @@ class PlatformConfig:
     nproc: int = 1  # training ranks / refresh workers: one rank per task on 2 cores with 2 task slots
     calibration_low: float = 0.8  # the register gates' bounds: production's unless a config widens them
     calibration_high: float = 1.25
+    data_engine: str = "local"  # training sets: local | spark (`make demo ENGINE=spark`)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -259,6 +260,7 @@ class Platform:
             GEMFLOW_NPROC=str(c.nproc),
             GEMFLOW_CALIBRATION_LOW=str(c.calibration_low),
             GEMFLOW_CALIBRATION_HIGH=str(c.calibration_high),
+            GEMFLOW_DATA_ENGINE=c.data_engine,
         )
         env.update(c.extra_env)
         return env

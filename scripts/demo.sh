@@ -23,7 +23,8 @@ step "0. Fresh workspace $GEMFLOW_HOME"
 rm -rf "$GEMFLOW_HOME"
 
 step "1. gemflow up: Airflow 3 (API server + UI, scheduler, DAG processor, triggerer) and the MLflow UI"
-$G up -w "$GEMFLOW_HOME" -c "$CONFIG" --set backfill_days="$DAYS" --set endpoint_port="$PORT" ${DEMO_UP_ARGS:-}
+$G up -w "$GEMFLOW_HOME" -c "$CONFIG" --set backfill_days="$DAYS" --set endpoint_port="$PORT" \
+  --set data_engine="${DEMO_ENGINE:-local}" ${DEMO_UP_ARGS:-}
 [ "${DEMO_DOWN:-0}" = 1 ] && trap '$G down -w "$GEMFLOW_HOME" >/dev/null 2>&1 || true' EXIT
 
 step "2. The scheduler runs the chain by itself: land -> ingest -> train -> register -> refresh -> ranker -> deploy"

@@ -60,7 +60,10 @@ def test_pipeline_dags_wiring(tmp_path):
     template = tmp_path / "pod-template.yaml"  # cluster mode needs one (tests/dags/test_stage_pods.py)
     template.write_text("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: base\n")
     for mode, operator in (("local", "PythonOperator"), ("cluster", "StagePodOperator")):
-        env = airflow_env(tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template))
+        engine = "spark" if mode == "cluster" else "local"  # the platform's data_engine (gemflow up)
+        env = airflow_env(
+            tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template), GEMFLOW_DATA_ENGINE=engine
+        )
         out = run_airflow_python(WIRING, env)
         assert out["errors"] == {}, out["errors"]
         reg, ref, dep = (out["dags"][d] for d in ("gemflow_register", "gemflow_refresh", "gemflow_deploy"))
@@ -100,6 +103,8 @@ def test_pipeline_dags_wiring(tmp_path):
         assert [t for t, v in ranker["tasks"].items() if v["outlets"]] == ["register_and_gate"]
         assert ranker["tasks"]["register_and_gate"]["outlets"] == ["gemflow.ranker_champion"]
         assert ranker["tasks"]["backfill_embeddings"]["upstream"] == ["training_due"]
+        for build in (train["tasks"]["build_training_set"], ranker["tasks"]["build_training_set"]):
+            assert build["command"][build["command"].index("--set") + 1] == f"engine={engine}"
         # Airflow as users expect: typed, described params; docs; a timeout and a failure callback per stage
         for d in (reg, ref, dep, train, ranker):
             assert d["doc"] and all(d["param_docs"].values()), d["param_docs"]

@@ -89,6 +89,9 @@ def test_env_binds_loopback_and_moves_the_base_url_with_the_port(tmp_path):
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18123/execution/"
     assert env["PATH"].split(os.pathsep)[0].endswith(".venv-airflow/bin")  # Airflow starts `airflow` by name
     assert env[MARKER] == "m" and env["GEMFLOW_LANDING"] == "synthetic"
+    assert env["GEMFLOW_DATA_ENGINE"] == "local"  # the training sets' engine (ENGINE=spark flips it)
+    spark = Platform(Workspace(tmp_path / "ws2"), PlatformConfig(airflow_port=18123, data_engine="spark"))
+    assert spark.env("m")["GEMFLOW_DATA_ENGINE"] == "spark"
     assert p.env("m")["AIRFLOW__API_AUTH__JWT_SECRET"] == env["AIRFLOW__API_AUTH__JWT_SECRET"]  # kept
     cmd = p.mlflow_command(lambda root, host, port: ["mlflow", "server", "--artifacts-destination", "x",
                                                      "--host", host])  # fmt: skip

@@ -183,6 +183,7 @@ def test_every_component_is_rendered(rendered):
         ("training.model=ranking", "training.model"),
         ("mlflow.auth.defaultPermission=WRITE", "defaultPermission"),
         ("mlflow.auth.enabled=yes", "mlflow.auth.enabled"),
+        ("stages.dataEngine=dask", "dataEngine"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(chart_without_airflow, override, message):
@@ -1045,6 +1046,7 @@ def test_stage_settings_switch_the_dags_to_cluster_mode(rendered):
             assert data["GEMFLOW_NAMESPACE"] == NAMESPACE
             assert data["GEMFLOW_SERVICE_ACCOUNT"] == "gemflow-stage-runner"
             assert data["GEMFLOW_IMAGE"].startswith("ghcr.io/gemflow/gemflow:")
+            assert data["GEMFLOW_DATA_ENGINE"] == "local"  # the training sets' engine; spark is opt-in
             pod = yaml.safe_load(data["pod-template.yaml"])
             assert pod["spec"]["containers"][0]["name"] == "base"  # the container KPO fills in
 
