@@ -72,7 +72,9 @@ class PlatformConfig:
     deploy_endpoint: bool = True  # start the ranker endpoint when a champion exists
     # the embedded pipeline (what the DAGs default to; see dags/gemflow_stage.Embedded)
     landing: str = "synthetic"  # synthetic: gemflow_land writes each day; external: you land the logs
-    backfill_days: int = 3  # a fresh workspace starts this many days back (train + valid + test)
+    # a fresh workspace starts this many days back: train (2 days: the second joins the first day's ad_stats
+    # counters, so they vary on train and the ranker keeps them), valid, test
+    backfill_days: int = 4
     synthetic_config: str = "configs/embedded-synthetic.yaml"
     user_config: str = "configs/embedded-user.yaml"
     ranker_config: str = "configs/embedded-ranker.yaml"
