@@ -44,6 +44,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gemflow import running_ui
 from gemflow.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -504,6 +505,7 @@ class Platform:
             echo(f"{name[8:]:<15} pid {svc.pid}")
 
         self._wait(mlflow, lambda: _http_ok(f"{self.mlflow_url}/health") is not None, "answering /health")
+        running_ui.record(self.ws.root, self.mlflow_url)  # so commands on other workspaces can say so
         echo(f"mlflow          ready: {self.mlflow_url}")
         self._wait(api, lambda: self._airflow_healthy(), "healthy (scheduler, DAG processor, triggerer)")
         echo(f"airflow         ready: {self.airflow_url}")
@@ -647,6 +649,7 @@ class Platform:
         if pid_file.exists() and not _start_ticks(int(pid_file.read_text())):
             pid_file.unlink()  # the endpoint went down with the platform
         self.state_file.unlink()
+        running_ui.forget(self.ws.root)
         for line in stopped:
             echo(f"stopped {line}")
         if others:
