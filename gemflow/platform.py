@@ -42,6 +42,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gemflow import running_ui
 from gemflow.airflow_api import AirflowApi, AirflowRunFailed, wait_for_run
 from gemflow.processes import start_ticks, stop_group
 from gemflow.services import MARKER, PlatformError, Service, alive, spawn, stop_services, wait_ready
@@ -68,7 +69,9 @@ class PlatformConfig:
     deploy_endpoint: bool = True  # start the ranker endpoint when a champion exists
     # the embedded pipeline (what the DAGs default to; see dags/gemflow_stage.Embedded)
     landing: str = "synthetic"  # synthetic: gemflow_land writes each day; external: you land the logs
-    backfill_days: int = 3  # a fresh workspace starts this many days back (train + valid + test)
+    # a fresh workspace starts this many days back: train (2 days: the second joins the first day's ad_stats
+    # counters, so they vary on train and the ranker keeps them), valid, test
+    backfill_days: int = 4
     synthetic_config: str = "configs/embedded-synthetic.yaml"
     user_config: str = "configs/embedded-user.yaml"
     ranker_config: str = "configs/embedded-ranker.yaml"
@@ -377,6 +380,7 @@ class Platform:
             echo(f"{name[8:]:<15} pid {svc.pid}")
 
         self._wait(mlflow, lambda: _http_ok(f"{self.mlflow_url}/health") is not None, "answering /health")
+        running_ui.record(self.ws.root, self.mlflow_url)  # so commands on other workspaces can say so
         echo(f"mlflow          ready: {self.mlflow_url}")
         self._wait(api, lambda: self._airflow_healthy(), "healthy (scheduler, DAG processor, triggerer)")
         echo(f"airflow         ready: {self.airflow_url}")
@@ -491,6 +495,7 @@ class Platform:
         if pid_file.exists() and not start_ticks(int(pid_file.read_text())):
             pid_file.unlink()  # the endpoint went down with the platform
         self.state_file.unlink()
+        running_ui.forget(self.ws.root)
         for line in stopped:
             echo(f"stopped {line}")
         if others:

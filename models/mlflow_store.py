@@ -54,8 +54,29 @@ def resolve(ws: Workspace, tracking_uri: str = "") -> Store:
     """The store for ``ws`` (see the module doc for the order), prepared for use when it is the embedded one."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri or uri == embedded_uri(ws):
+        _note_other_ui(ws)
         return Store(open_embedded(ws), artifact_root(ws))
     return Store(uri, None if uri.startswith(SERVER_SCHEMES) else artifact_root(ws))
+
+
+_noted: set[Path] = set()
+
+
+def _note_other_ui(ws: Workspace) -> None:
+    """One line per process when the MLflow UI of ``gemflow up`` shows another workspace's store than ``ws``'s
+    (``gemflow.running_ui``); on the platform's own workspace the UI reads this very store, and nothing is said."""
+    from gemflow import running_ui
+
+    root = ws.root.resolve()
+    ui = running_ui.running() if root not in _noted else None
+    if ui is not None and ui.workspace != root:
+        _noted.add(root)
+        log.warning(
+            "MLflow: this workspace's runs and models go to %s, not to the MLflow UI at %s, which shows the "
+            "platform's workspace %s; to see them there, run the platform on this workspace (gemflow down -w %s; "
+            "gemflow up -w %s), or browse them with gemflow mlflow-server -w %s --port 5001",
+            ws.mlflow, ui.mlflow_url, ui.workspace, ui.workspace, root, root,
+        )  # fmt: skip
 
 
 def open_embedded(ws: Workspace) -> str:

@@ -13,7 +13,7 @@ export GEMFLOW_HOME=${GEMFLOW_HOME:-$REPO/workspace/demo}
 export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true GX_ANALYTICS_ENABLED=false
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$REPO/.cache/torch_extensions}
 G=$REPO/.venv/bin/gemflow
-DAYS=${DEMO_DAYS:-3}
+DAYS=${DEMO_DAYS:-4}  # train = days 1-2 (day 2 joins day 1's ad_stats counters), valid, test
 PORT=${DEMO_PORT:-8080}
 CONFIG=${DEMO_CONFIG:-configs/embedded-platform.yaml}
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

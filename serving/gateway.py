@@ -26,7 +26,7 @@ import time
 
 import orjson
 
-from serving import stats, v2
+from serving import openapi, stats, v2
 from serving.auth import Tokens, bearer_ok
 from serving.config import ConnectionConfig, ServingConfig
 from serving.docs_page import docs_page
@@ -51,7 +51,9 @@ _VERSIONED = re.compile(r"/v2/models/[^/]+/versions/.*")
 # KServe's own routes that stay reachable (no token: probes, Prometheus, server metadata); anything else is 404
 _OPEN_ROUTES = {"/v2/health/live": "live", "/v2/health/ready": "live", "/": "live", "/metrics": "metrics",
                 "/v2": "metadata", "/v2/models": "metadata", "/v1/models": "metadata"}  # fmt: skip
-_DOC_LABELS = {"/v2/health/ready": "ready"}  # counted with the liveness probes; /docs says what it answers
+# what /docs says each open route is (the readiness probe is counted with the liveness probes above)
+_DOC_LABELS = {**_OPEN_ROUTES, "/v2/health/ready": "server_ready", "/v2": "server_metadata",
+               "/v2/models": "server_metadata", "/v1/models": "server_metadata"}  # fmt: skip
 
 
 class Reply:
@@ -110,10 +112,13 @@ class Gateway:
         if path in _OPEN_ROUTES:
             reply.route = _OPEN_ROUTES[path]
             return await self._pass(scope, receive, reply)
-        if path == "/docs" and method == "GET":  # the server's own page (KServe's Swagger UI needs a CDN)
+        if path in ("/docs", "/docs/openapi.json") and method == "GET":  # KServe's Swagger UI needs a CDN
             reply.route = "docs"
-            page = docs_page(self.predictor.name, self.predictor.served.version, _OPEN_ROUTES | _DOC_LABELS)
-            return await reply.body(200, page, [(b"content-type", b"text/html; charset=utf-8")])
+            served = self.predictor.served.version
+            doc = openapi.document(self.predictor.name, served, _MODEL_ROUTES, _DOC_LABELS)
+            if path == "/docs":
+                return await reply.body(200, docs_page(doc), [(b"content-type", b"text/html; charset=utf-8")])
+            return await reply.json(200, doc)
         if path.startswith("/v2/repository"):
             reply.route = "repository"
             return await self._repository(scope, receive, reply)

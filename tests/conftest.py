@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+# `gemflow up` records the running MLflow UI under $XDG_STATE_HOME (gemflow.running_ui): tests keep theirs out of
+# the user's home, one folder per test process
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="gemflow-test-state-")
 
 
 # The longest test files (minutes each on 2 cores), run first: under `make test` (pytest-xdist, 2 workers, whole

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+from mlflow.entities import LoggedModelOutput, Metric
 from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 
@@ -121,23 +122,52 @@ def _log_and_register(run_dir, training_set, bundle, name, run_id, digest, examp
     loaded.load_context(type("Ctx", (), {"artifacts": {"bundle": str(run_dir / MODEL_FILE)}})())
     signature = infer_signature(example, loaded.predict(None, example))
 
+    outside = mlflow.active_run() is None  # the usual case: the training run is resumed here
     with training_run(run_id):
         # the logged model's metrics: the run's at its best evaluation's step (not step 0's, the untrained model's)
         best_step = int(mlflow.get_run(run_id).data.tags.get(BEST_STEP_TAG, 0))
-        mlflow.log_input(training_dataset(data), context="training")
-        info = mlflow.pyfunc.log_model(
-            step=best_step,
+        dataset = training_dataset(data)
+        mlflow.log_input(dataset, context="training")
+        model = mlflow.initialize_logged_model(
             name=name,
-            python_model=str(PYFUNC_CODE),
-            artifacts={"bundle": str(run_dir / MODEL_FILE)},
-            code_paths=code_paths(),
-            pip_requirements=pip_requirements(),
-            signature=signature,
-            input_example=example,
-            registered_model_name=name,
+            source_run_id=run_id,
+            params={k: str(v) for k, v in mlflow.get_run(run_id).data.params.items()},
             tags={"gemflow.kind": bundle.kind, "gemflow.run_dir": run_dir.name, BUNDLE_HASH_TAG: digest},
         )
+        if outside:
+            link_to_run(model.model_id, run_id, best_step, dataset)
+    # logged after the run is closed again: inside it, log_model would link the step's metrics once more, without
+    # their dataset (MLflow refuses the same metric twice)
+    info = mlflow.pyfunc.log_model(
+        model_id=model.model_id,
+        step=best_step,
+        name=name,
+        python_model=str(PYFUNC_CODE),
+        artifacts={"bundle": str(run_dir / MODEL_FILE)},
+        code_paths=code_paths(),
+        pip_requirements=pip_requirements(),
+        signature=signature,
+        input_example=example,
+        registered_model_name=name,
+    )
     return str(info.registered_model_version)
+
+
+def link_to_run(model_id: str, run_id: str, step: int, dataset) -> None:
+    """What ``log_model`` inside the run does (the run's output at ``step``, the run's metrics at ``step`` linked to
+    the model), with each metric naming the training set it was measured on: the UI's "Datasets used" of a logged
+    model lists its metrics' datasets, and a run's own metric history keeps none (MLflow's SQL store has no column
+    for it), so ``log_model``'s own linking leaves them out."""
+    client = mlflow.MlflowClient()
+    client.log_outputs(run_id, models=[LoggedModelOutput(model_id, step=step)])
+    linked = [
+        Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, run_id=run_id,
+               dataset_name=dataset.name, dataset_digest=dataset.digest)
+        for key in client.get_run(run_id).data.metrics
+        for m in client.get_metric_history(run_id, key)
+        if m.step == step
+    ]  # fmt: skip
+    client.log_batch(run_id, metrics=linked)
 
 
 @contextmanager

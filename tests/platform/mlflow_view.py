@@ -3,7 +3,8 @@
 Trains a small ranker (tracked) in a fresh workspace, registers it, serves the workspace's store with a real MLflow
 server and opens the experiment as a user would: the experiment is tagged as model development, so MLflow 3 opens
 its model-training view (runs, models) rather than the GenAI one (traces). Then the logged model's page, whose
-metrics are the best epoch's. Saves ``mlflow-model-training-view.png`` and ``mlflow-logged-model.png``:
+metrics are the best epoch's and whose "Datasets used" lists the training set. Saves
+``mlflow-model-training-view.png`` and ``mlflow-logged-model.png``:
 
     .venv/bin/python -m tests.platform.mlflow_view --out docs/img
 """
@@ -77,6 +78,8 @@ def screenshots(ws: Workspace, out: Path) -> list[Path]:
             page.screenshot(path=str(shots[-1]))
             page.goto(ui_link(url, f"/experiments/{experiment.experiment_id}/models/{model_id}"))
             expect(page.get_by_text("valid_ne").first).to_be_visible()  # its metrics: the best epoch's
+            # "Datasets used": the training set its metrics were measured on (not "None")
+            expect(page.get_by_role("button", name=re.compile(r"^fx \(#")).first).to_be_visible()
             page.wait_for_timeout(3000)
             _close_assistant(page)
             page.wait_for_timeout(1000)

@@ -313,7 +313,36 @@ def test_docs_page_lists_the_servers_routes(server):
     for route in (f"/v1/models/{MODEL}:predict", f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/ready"):
         assert route in page
     assert "<script" not in page
-    assert "<code>/v2/health/ready</code></td><td>server ready" in page  # not labelled "server live"
+    assert "<code>/v2/health/ready</code></td><td>server readiness" in page  # not labelled "server live"
+
+
+def test_docs_are_the_openapi_document_of_the_routes_the_server_answers(server):
+    """``/docs`` renders ``/docs/openapi.json``; every operation it documents answers 200 on the real server (with
+    a valid body where it takes one), and the page lists each."""
+    status, doc = get(f"{server}/docs/openapi.json")
+    assert status == 200 and doc["openapi"] == "3.1.0" and doc["info"]["title"] == f"{MODEL} ranker endpoint"
+    with urllib.request.urlopen(f"{server}/docs", timeout=10) as r:
+        page = r.read().decode()
+    bodies = {"v1_predict": v1_body(0, [1, 2, 3], CTX), "v2_infer": v2_body(0, [1, 2, 3], CTX)}
+    operations = [(m.upper(), p, op) for p, ops in doc["paths"].items() for m, op in ops.items()]
+    documented = {op["operationId"] for *_, op in operations}
+    assert documented >= {"v1_predict", "v2_infer", "ready", "stats", "live", "server_ready"}
+    parts = urllib.parse.urlsplit(server)
+    for method, path, op in operations:
+        assert f"<td>{method}</td><td><code>{path}</code></td>" in page
+        assert "200" in op["responses"] and op["summary"]
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        try:
+            body = bodies.get(op["operationId"])
+            conn.request(method, path, body=json.dumps(body) if body else None,
+                         headers={"Content-Type": "application/json"} if body else {})  # fmt: skip
+            resp = conn.getresponse()
+            resp.read()
+        finally:
+            conn.close()
+        assert resp.status == 200, (method, path, resp.status)
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["RankRequest"]["required"]) == {"user_id", "candidates"} and "RankContext" in schemas
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,14 @@ def test_the_logged_model_carries_the_best_epochs_metrics_and_the_training_set(r
     assert [d.dataset.name for d in run.inputs.dataset_inputs] == [
         "fx"
     ]  # one dataset: training's = registration's
+    # the model's "Datasets used" (the UI lists its metrics' datasets): the run's training set, same digest
+    trained_on = run.inputs.dataset_inputs[0].dataset
+    assert {(m.dataset_name, m.dataset_digest) for m in linked.values()} == {
+        (trained_on.name, trained_on.digest)
+    }
+    assert [i.tags[0].value for i in run.inputs.dataset_inputs] == ["training"]  # mlflow.data.context
+    assert str(model.status) == "READY"
+    assert [(o.model_id, o.step) for o in run.outputs.model_outputs] == [(model.model_id, best["epoch"])]
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
