@@ -308,6 +308,18 @@ def push_online(store, frame: pd.DataFrame, chunk: int) -> int:
     return len(frame)
 
 
+def write_retrieval_vectors(ws: Workspace, day: dt.date, champion: Champion) -> Path | None:
+    """The champion's ad vectors for retrieval (``models.embeddings.ad_vectors``), versioned as the embeddings
+    are; None for a user model without a next-item head (nothing to retrieve with)."""
+    from models.embeddings.ad_vectors import AD_VECTOR_TABLE, ad_vectors, write_ad_vectors
+
+    if getattr(champion.bundle.cfg, "objective", "") != "next_item":
+        return None
+    return write_ad_vectors(
+        ws.offline(AD_VECTOR_TABLE, day), ad_vectors(champion.bundle, champion.version), day
+    )
+
+
 def summary_dir(ws: Workspace, day: dt.date) -> Path:
     return ws.reports(day) / "user_embedding"
 
@@ -329,6 +341,7 @@ def refresh_embeddings(ws: Workspace, cfg: RefreshConfig) -> dict:
     encode_s = time.perf_counter() - t_encode
     frame = embedding_frame(seqs.user_ids, emb, champion.version, day)
     offline_path = write_offline(ws, day, frame)
+    ad_vector_path = write_retrieval_vectors(ws, day, champion)
 
     later = [d for d in partition_days(ws, "offline", EMBEDDING_TABLE) if d > day]
     pushed, online_note = 0, "pushed"
@@ -354,6 +367,7 @@ def refresh_embeddings(ws: Workspace, cfg: RefreshConfig) -> dict:
         "encode_seconds": round(encode_s, 3),
         "users_per_second": round(len(seqs.user_ids) / encode_s, 1) if encode_s > 0 else None,
         "offline_path": str(offline_path),
+        "ad_vectors_path": str(ad_vector_path) if ad_vector_path else None,
         "online": online_note,
         "online_rows": pushed,
         "seconds": round(time.perf_counter() - t0, 3),

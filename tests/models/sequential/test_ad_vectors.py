@@ -3,6 +3,8 @@ the file keeps them and their version; a model without a next-item head is refus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -37,11 +39,12 @@ def trained(loo_set, tmp_path_factory):
         None,
         {**SMALL, "training_set": name, "output_dir": str(tmp_path_factory.mktemp("run"))},
     )
-    return ws, name, load_bundle(train(cfg, ws).run_dir)
+    run_dir = train(cfg, ws).run_dir
+    return ws, name, load_bundle(run_dir), run_dir
 
 
 def test_query_times_ad_vector_is_the_next_item_score(trained):
-    ws, name, bundle = trained
+    ws, name, bundle, _ = trained
     vecs = ad_vectors(bundle, "gem-user-model/1")
     data = TrainingSet(ws.training(name))
     seqs = SequenceSet(data, bundle.cfg.max_history, bundle.cfg.time_buckets)
@@ -59,7 +62,7 @@ def test_query_times_ad_vector_is_the_next_item_score(trained):
 
 
 def test_the_file_keeps_vectors_and_version(trained, tmp_path):
-    _, _, bundle = trained
+    _, _, bundle, _ = trained
     vecs = ad_vectors(bundle, "gem-user-model/1")
     path = write_ad_vectors(tmp_path / "day", vecs)
     back = read_ad_vectors(path)
@@ -69,7 +72,7 @@ def test_the_file_keeps_vectors_and_version(trained, tmp_path):
 
 
 def test_vectors_without_a_version_or_next_item_head_are_refused(trained):
-    _, _, bundle = trained
+    _, _, bundle, _ = trained
     with pytest.raises(ValueError, match="need the user-model version"):
         AdVectors(np.arange(3), np.zeros((3, 4), np.float32), "")
     click = type(bundle)(**{**bundle.__dict__, "kind": "ranker"})
@@ -77,3 +80,15 @@ def test_vectors_without_a_version_or_next_item_head_are_refused(trained):
         ad_vectors(click, "gem-ranker/1")
     with pytest.raises(ValueError, match="objective=next_item"):
         user_queries(click, None, torch.zeros(1, dtype=torch.long))
+
+
+def test_the_refresh_writes_the_champions_ad_vectors_with_its_version(trained):
+    from models.embeddings.refresh import RefreshConfig, refresh_embeddings
+
+    ws, _, bundle, run_dir = trained
+    summary = refresh_embeddings(ws, RefreshConfig(model_uri=str(run_dir), push_online=False, active_days=0))
+    written = read_ad_vectors(Path(summary["ad_vectors_path"]))
+    assert written.model_version == summary["model_version"]  # the user embeddings' version, the same run
+    expected = ad_vectors(bundle, summary["model_version"])
+    np.testing.assert_array_equal(written.ad_ids, expected.ad_ids)
+    np.testing.assert_allclose(written.vectors, expected.vectors, rtol=1e-6)
