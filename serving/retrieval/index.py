@@ -9,7 +9,7 @@
 - **Kinds**: ``exact`` (FAISS flat inner product), ``hnsw`` (graph), ``ivf`` (inverted lists over k-means cells).
 - **Filters inside the search**: the request's eligible ads are a bitmap the search reads as FAISS's
   ``IDSelector`` (an excluded ad is never a candidate). K adjusts: the search asks for min(K, eligible ads),
-  widens its beam (HNSW ``efSearch``, IVF ``nprobe``) by the share the filter removes, retries once wider if
+  widens its beam (HNSW ``efSearch``, IVF ``nprobe``) by sqrt(1 / the share the filter keeps), retries once wider if
   the graph or cells still gave too few, and falls back to an exact search over the eligible ads when a filter
   leaves fewer than ``exact_below`` of the catalog (cheaper than a beam that wide) or the retry fell short.
   A request that cannot get K says why (``Retrieved.short_of_k``).
@@ -140,7 +140,9 @@ class AdIndex:
         sel = _Selector(mask) if eligible < len(self) else None
         if exact or self.cfg.kind == "exact" or share < self.cfg.exact_below:
             return self._answer(*self._flat(q, want, sel), k, eligible, "exact")
-        widen = min(1.0 / share, self.cfg.max_widen)
+        # a beam that passes 1 / share excluded ads per eligible one: sqrt(1 / share) wider kept recall@1000
+        # >= 0.99 at 10% eligible on 100k clustered ads (bench/retrieval.py), 1 / share cost 4x the time
+        widen = min(math.sqrt(1.0 / share), self.cfg.max_widen)
         for attempt, factor in enumerate((widen, widen * 4)):
             scores, rows = self._ann(q, want, sel, factor)
             if np.count_nonzero(rows >= 0) >= want:
