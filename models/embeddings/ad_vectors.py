@@ -5,8 +5,9 @@ temperature, ``models.user_model``): exactly the inner product an ANN index sear
 user-model version that computed them (``gem-user-model/3``, as the cached user embeddings do), and
 ``serving.retrieval`` refuses to search one version's index with another version's query.
 
-Written by the embedding refresh next to the user embeddings: ``ws.offline("ad_vectors", D)/ad_vectors.parquet``
-(ad_id, vector, model_version).
+Written by the embedding refresh next to the user embeddings, one folder per day and version:
+``ws.offline("retrieval", D)/ad_vectors.parquet`` (ad_id, vector, model_version) and ``user_queries.parquet``
+(user_id, vector, model_version: each active user's query as of the end of D), read by ``serving.retrieval``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import torch
 from models.data import Events
 from models.inference import ModelBundle
 
-AD_VECTOR_TABLE = "ad_vectors"
+RETRIEVAL_TABLE = "retrieval"
 AD_VECTOR_FILE = "ad_vectors.parquet"
+USER_QUERY_FILE = "user_queries.parquet"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,15 @@ class AdVectors:
     @property
     def dim(self) -> int:
         return self.vectors.shape[1]
+
+
+@dataclass(frozen=True)
+class UserQueries(AdVectors):
+    """The same shape, keyed by user: ``ad_ids`` holds raw user ids (ascending)."""
+
+    def lookup(self, user_id: int) -> np.ndarray | None:
+        at = int(np.searchsorted(self.ad_ids, user_id))
+        return self.vectors[at] if at < len(self.ad_ids) and self.ad_ids[at] == user_id else None
 
 
 def _check_next_item(bundle: ModelBundle) -> None:
@@ -80,12 +91,15 @@ def user_queries(bundle: ModelBundle, history: Events, user_id: torch.Tensor) ->
 
 
 # ----------------------------------------------------------------------------------------------- files
-def write_ad_vectors(folder: Path, vecs: AdVectors, day: dt.date | None = None) -> Path:
-    """One parquet file (atomic rename): the index builder reads it whole."""
+def write_ad_vectors(
+    folder: Path, vecs: AdVectors, day: dt.date | None = None, name: str = AD_VECTOR_FILE
+) -> Path:
+    """One parquet file (atomic rename): the index builder reads it whole. ``UserQueries`` go to their own file."""
     folder.mkdir(parents=True, exist_ok=True)
+    key = "user_id" if isinstance(vecs, UserQueries) else "ad_id"
     table = pa.table(
         {
-            "ad_id": pa.array(vecs.ad_ids, pa.int64()),
+            key: pa.array(vecs.ad_ids, pa.int64()),
             "vector": pa.FixedSizeListArray.from_arrays(
                 pa.array(vecs.vectors.ravel(), pa.float32()), vecs.dim
             ),
@@ -93,19 +107,22 @@ def write_ad_vectors(folder: Path, vecs: AdVectors, day: dt.date | None = None) 
         },
         metadata={"model_version": vecs.model_version, "day": day.isoformat() if day else ""},
     )
-    path = folder / AD_VECTOR_FILE
-    tmp = folder / f".{AD_VECTOR_FILE}.tmp"
+    path = folder / name
+    tmp = folder / f".{name}.tmp"
     pq.write_table(table, tmp)
     tmp.replace(path)
     return path
 
 
-def read_ad_vectors(path: Path) -> AdVectors:
-    table = pq.read_table(path if path.suffix == ".parquet" else path / AD_VECTOR_FILE)
+def read_ad_vectors(path: Path, name: str = AD_VECTOR_FILE) -> AdVectors:
+    """``name`` = USER_QUERY_FILE reads the user queries (as ``UserQueries``)."""
+    table = pq.read_table(path if path.suffix == ".parquet" else path / name)
     versions = set(table.column("model_version").unique().to_pylist())
     if len(versions) != 1:
         raise ValueError(f"{path} mixes user-model versions {sorted(versions)}; one file is one version")
     column = table.column("vector").combine_chunks()
     dim = column.type.list_size
     vectors = column.values.to_numpy().reshape(-1, dim).astype(np.float32, copy=False)
+    if "user_id" in table.column_names:
+        return UserQueries(table.column("user_id").to_numpy().astype(np.int64), vectors, versions.pop())
     return AdVectors(table.column("ad_id").to_numpy().astype(np.int64), vectors, versions.pop())

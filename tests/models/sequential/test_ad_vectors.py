@@ -13,7 +13,9 @@ from gemflow.config import load_config
 from models.config import TrainRunConfig
 from models.data import TrainingSet
 from models.embeddings.ad_vectors import (
+    USER_QUERY_FILE,
     AdVectors,
+    UserQueries,
     ad_vectors,
     read_ad_vectors,
     user_queries,
@@ -92,3 +94,9 @@ def test_the_refresh_writes_the_champions_ad_vectors_with_its_version(trained):
     expected = ad_vectors(bundle, summary["model_version"])
     np.testing.assert_array_equal(written.ad_ids, expected.ad_ids)
     np.testing.assert_allclose(written.vectors, expected.vectors, rtol=1e-6)
+    queries = read_ad_vectors(Path(summary["ad_vectors_path"]).parent, USER_QUERY_FILE)
+    assert isinstance(queries, UserQueries) and queries.model_version == summary["model_version"]
+    assert len(queries.ad_ids) == summary["users"] and (np.diff(queries.ad_ids) > 0).all()
+    norms = np.linalg.norm(queries.vectors, axis=1)  # cosine / temperature: every refreshed user has history
+    np.testing.assert_allclose(norms, 1 / bundle.cfg.next_item_temperature, rtol=1e-4)
+    assert queries.lookup(int(queries.ad_ids[3])) is not None and queries.lookup(-5) is None
