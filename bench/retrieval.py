@@ -207,7 +207,7 @@ def sequential(args) -> list[tuple[str, str]]:
               f"{ndcg10(truth):.4f}; p50 {np.percentile(ms, 50):.2f} ms", flush=True)  # fmt: skip
         rows += [
             (f"{name}, {kind}: recall@{'/'.join(map(str, ks))} vs exact", recalls),
-            (f"{name}, {kind}: retrieve 1,000 -> rank, HR@10 / NDCG@10 (exact full catalog)",
+            (f"{name}, {kind}: retrieve 1,000 -> rank by the user model, HR@10 / NDCG@10 (exact full catalog)",
              f"{hit(found, 10):.4f} / {ndcg10(found):.4f} ({hit(truth, 10):.4f} / {ndcg10(truth):.4f})"),
         ]  # fmt: skip
     rows.append((f"{name}: load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}"))

@@ -25,11 +25,10 @@ import faiss
 import numpy as np
 
 from models.embeddings.ad_vectors import AdVectors
+from serving.retrieval.config import IndexConfig
 from serving.retrieval.eligibility import AdEligibility, AdFilter
 from serving.schema import RequestError
 from serving.stats import RETRIEVAL_VERSION_MISMATCH
-
-INDEX_KINDS = ("exact", "hnsw", "ivf")
 
 
 class IndexVersionMismatch(RuntimeError):
@@ -38,28 +37,6 @@ class IndexVersionMismatch(RuntimeError):
 
 class RetrievalParamError(RequestError):
     """A retrieval parameter out of bounds (K): a client mistake, answered 4xx."""
-
-
-@dataclass
-class IndexConfig:
-    kind: str = "hnsw"  # exact | hnsw | ivf
-    hnsw_m: int = 32  # graph degree (memory: ~2 * M * 4 bytes per ad on top of its vector)
-    ef_construction: int = 80
-    ef_search: int = 1200  # HNSW beam; at least K is used
-    ivf_lists: int = 0  # k-means cells; 0 = 4 * sqrt(ads)
-    nprobe: int = 48  # IVF cells searched per query (unfiltered)
-    max_k: int = 5000  # the largest K a request may ask for
-    default_k: int = 1000
-    exact_below: float = 0.02  # a filter keeping less than this share of the catalog searches it exactly
-    max_widen: float = 20.0  # a filter widens the beam by at most this factor
-
-    def validate(self) -> None:
-        if self.kind not in INDEX_KINDS:
-            raise ValueError(f"retrieval index kind must be one of {INDEX_KINDS}, got {self.kind!r}")
-        if min(self.hnsw_m, self.ef_construction, self.ef_search, self.nprobe, self.max_k) < 1:
-            raise ValueError("hnsw_m, ef_construction, ef_search, nprobe and max_k must be >= 1")
-        if not 1 <= self.default_k <= self.max_k:
-            raise ValueError(f"default_k {self.default_k} must be within 1..max_k ({self.max_k})")
 
 
 @dataclass(frozen=True)
