@@ -17,7 +17,7 @@ class IndexConfig:
     nprobe: int = 48  # IVF cells searched per query (unfiltered)
     max_k: int = 5000  # the largest K a request may ask for
     default_k: int = 1000
-    exact_below: float = 0.02  # a filter keeping less than this share of the catalog searches it exactly
+    exact_below: float = 0.05  # a filter keeping less than this share of the catalog: its ads scored exactly
     max_widen: float = 20.0  # a filter widens the beam by at most this factor
 
     def validate(self) -> None:

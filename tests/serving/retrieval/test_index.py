@@ -112,6 +112,13 @@ def test_a_filter_leaving_fewer_ads_than_k_says_why(catalog, eligibility):
     assert sorted(hits.ad_ids.tolist()) == sorted(catalog.ad_ids[allowed].tolist())  # every one of them
     assert hits.method == "exact"  # under exact_below: the eligible ads are searched exactly
     assert hits.short_of_k == f"only {hits.eligible} ads are eligible under this filter (asked for 500)"
+    top = index.search(
+        QUERIES[1], VERSION, 10, flt
+    )  # fewer than K eligible no more: the exact top 10 of them
+    assert (
+        top.ad_ids.tolist() == brute_force(catalog, QUERIES[1], 10, allowed).tolist()
+        and top.method == "exact"
+    )
 
 
 def test_a_query_of_another_user_model_version_is_refused_and_counted(catalog):
