@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-INDEX_KINDS = ("exact", "hnsw", "ivf")
+INDEX_KINDS = ("auto", "exact", "hnsw", "ivf")
 
 
 @dataclass
 class IndexConfig:
-    kind: str = "hnsw"  # exact | hnsw | ivf
+    kind: str = "auto"  # auto (exact under exact_under ads, ivf above) | exact | hnsw | ivf
+    exact_under: int = 100_000
     hnsw_m: int = 32  # graph degree (memory: ~2 * M * 4 bytes per ad on top of its vector)
     ef_construction: int = 80
     ef_search: int = 1200  # HNSW beam; at least K is used
     ivf_lists: int = 0  # k-means cells; 0 = 4 * sqrt(ads)
-    nprobe: int = 48  # IVF cells searched per query (unfiltered)
+    nprobe: int = 100  # IVF cells searched per query (unfiltered)
     max_k: int = 5000  # the largest K a request may ask for
     default_k: int = 1000
     exact_below: float = 0.05  # a filter keeping less than this share of the catalog: its ads scored exactly
     max_widen: float = 20.0  # a filter widens the beam by at most this factor
+
+    def resolved_kind(self, ads: int) -> str:
+        if self.kind != "auto":
+            return self.kind
+        return "exact" if ads < self.exact_under else "ivf"
 
     def validate(self) -> None:
         if self.kind not in INDEX_KINDS:

@@ -94,7 +94,7 @@ class RetrievalService:
         self._current = snapshot
         self.swaps += 1
         log.info("retrieval index %s (%d ads, %s) from %s", snapshot.version, len(snapshot.index),
-                 snapshot.index.cfg.kind, snapshot.source)  # fmt: skip
+                 snapshot.index.kind, snapshot.source)  # fmt: skip
 
     def source(self) -> Path | None:
         return Path(self.cfg.folder) if self.cfg.folder else latest_folder(self.ws)

@@ -148,3 +148,9 @@ def test_a_bad_index_config_is_named():
         IndexConfig(kind="annoy").validate()
     with pytest.raises(ValueError, match="default_k 9 must be within 1..max_k"):
         IndexConfig(max_k=8, default_k=9).validate()
+
+
+def test_auto_is_exact_for_a_small_catalog_and_ivf_for_a_large_one(catalog):
+    assert build_index(catalog, IndexConfig()).kind == "exact"  # 3,000 ads: a flat scan is the cheapest
+    large = build_index(catalog, IndexConfig(exact_under=1000, ivf_lists=16, nprobe=16))
+    assert large.kind == "ivf" and large.search(QUERIES[0], VERSION, 10).method == "ivf"
