@@ -120,6 +120,42 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"ad {ad!s:>8}  p_click {pc:.4f}  p_conversion {pv:.4f}")
         typer.echo(json.dumps(meta, indent=2))
 
+    @app.command("retrieval-index")
+    def retrieval_index_cmd(
+        date: Annotated[str, typer.Option(help="The refresh day (YYYY-MM-DD); empty = the latest.")] = "",
+        k: Annotated[int, typer.Option(help="Recall@K measured against exact search.")] = 1000,
+        sample: Annotated[int, typer.Option(help="Users whose queries are searched.")] = 200,
+        track: Annotated[bool, typer.Option(help="Log the report to MLflow (gemflow-retrieval).")] = True,
+        tracking_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = "",
+        cfg_path: ConfigOpt = None,
+        overrides: SetOpt = None,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Build the retrieval index from a refresh's ad vectors as the server would (--set retrieval.index.*),
+        measure it (recall@K vs exact, per-query latency, size) and record it."""
+        import datetime as dt
+
+        from models.embeddings.ad_vectors import RETRIEVAL_TABLE
+        from serving.config import ServingConfig
+        from serving.retrieval.report import index_report, track_report, write_report
+        from serving.retrieval.service import latest_folder
+
+        cfg = config(ServingConfig, cfg_path, overrides)
+        w = workspace(ws)
+        try:
+            folder = w.offline(RETRIEVAL_TABLE, dt.date.fromisoformat(date)) if date else latest_folder(w)
+        except ValueError as err:
+            raise typer.BadParameter(f"--date {date!r} is not a date like 2026-01-31") from err
+        if folder is None or not folder.exists():
+            typer.echo(f"error: no retrieval vectors under {w.offline(RETRIEVAL_TABLE)} (run refresh-embeddings "
+                       "with a next-item user model)", err=True)  # fmt: skip
+            raise typer.Exit(code=2)
+        report = index_report(folder, cfg.retrieval.index, k, sample)
+        write_report(report)
+        if track:
+            report["mlflow_run_id"] = track_report(report, w, tracking_uri)
+        typer.echo(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
+
     @app.command("serving-manifest")
     def manifest_cmd(cfg_path: ConfigOpt = None, overrides: SetOpt = None) -> None:
         """Print the KServe InferenceService (YAML) rendered from the serving config."""
