@@ -7,9 +7,9 @@
   refused (``IndexVersionMismatch``, counted in ``gemflow_retrieval_version_mismatch``): two versions' spaces
   are unrelated, so a mixed search would return confident nonsense.
 - **Kinds**: ``exact`` (FAISS flat inner product), ``hnsw`` (graph), ``ivf`` (inverted lists over k-means cells);
-  ``auto`` (the default) = exact under ``exact_under`` ads (a flat scan of 100k x 64 is ~1.3 ms on one core),
-  IVF above: on 1M clustered ads IVF at nprobe 100 of 4,000 cells recalled 0.992 of the exact top 1,000 in
-  0.9 ms p50, HNSW (M 32, ef 1,500) 0.938 in 3.0 ms at the same memory (``bench/retrieval.py``).
+  ``auto`` (the default) = exact under ``exact_under`` ads (a flat scan that small costs about a millisecond),
+  IVF above: on 1M ads IVF recalled more of the exact top 1,000 than HNSW, faster, at the same memory
+  (docs/retrieval.md; figures in docs/benchmarks.md, ``bench/retrieval.py``).
 - **Filters inside the search**: the request's eligible ads are a bitmap the search reads as FAISS's
   ``IDSelector`` (an excluded ad is never a candidate). K adjusts: the search asks for min(K, eligible ads),
   widens its beam (HNSW ``efSearch``, IVF ``nprobe``) by 1 / the share the filter keeps, retries once wider if
@@ -129,7 +129,7 @@ class AdIndex:
         if exact or self.kind == "exact":
             return self._answer(*self._flat(q, want, sel), k, eligible, "exact")
         # the beam must meet as many eligible ads as an unfiltered one: 1 / share wider (sqrt(1 / share) lost
-        # recall: 0.77 at 10% eligible on 1M clustered ads, bench/retrieval.py); below exact_below, exact
+        # much of HNSW's recall at 10% eligible on 1M ads, bench/retrieval.py); below exact_below, exact
         widen = min(1.0 / share, self.cfg.max_widen)
         for attempt, factor in enumerate((widen, widen * 4)):
             scores, rows = self._ann(q, want, sel, factor)
