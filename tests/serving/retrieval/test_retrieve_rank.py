@@ -137,3 +137,18 @@ def test_bad_retrieval_parameters_are_4xx_in_the_protocols_shape(retrieving, pro
 def test_a_server_without_retrieval_refuses_a_request_without_candidates(server):
     status, r = post(_v1(server), v1_body(0, None, CTX, {"k": 5}))
     assert status == 400 and "does not retrieve candidates" in r["error"]
+
+
+def test_gemflow_rank_without_candidates_retrieves_then_ranks(retrieving):
+    from typer.testing import CliRunner
+
+    from gemflow.cli import app
+
+    result = CliRunner().invoke(
+        app, ["rank", "--user", "0", "--top", "3", "--retrieve-k", "12", "--url", retrieving]
+    )
+    assert result.exit_code == 0, result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("ad ")]) == 3
+    assert '"stage": "retrieve -> rank"' in result.output and '"retrieved": 12' in result.output
+    bad = CliRunner().invoke(app, ["rank", "--user", "0", "--retrieve-k", "0", "--url", retrieving])
+    assert bad.exit_code == 1 and "HTTP 400" in bad.output and "retrieve.k: 0 must be within" in bad.output
