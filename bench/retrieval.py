@@ -251,7 +251,9 @@ def main() -> None:
     for figure, value in rows:
         print(f"  {figure}: {value}")
     if args.record:
-        key = f"retrieval-{args.mode}" + (f"-{args.training_set}" if args.mode == "sequential" else "")
+        key = f"retrieval-{args.mode}-" + (
+            args.training_set if args.mode == "sequential" else args.kinds.replace(",", "-")
+        )
         record(key, f"candidate retrieval, {args.mode} (bench/retrieval.py)", rows)
 
 
