@@ -39,7 +39,7 @@ PIPELINE = {
     "4. Registry and embeddings": ["register-run", "rollback", "refresh-embeddings", "backfill-embeddings",
                                    "check-versions"],
     "5. Serving": ["deploy", "smoke-test", "promote", "rollback-deploy", "undeploy", "serve", "rank",
-                   "skew-check", "serving-manifest"],
+                   "retrieval-index", "skew-check", "serving-manifest"],
 }  # fmt: skip
 
 

@@ -7,22 +7,49 @@ import urllib.error
 import urllib.request
 
 
-def v1_body(user_id: int | str, candidates: list[int | str], context: dict | None = None) -> dict:
-    body: dict = {"user_id": user_id, "candidates": candidates}
+def v1_body(
+    user_id: int | str,
+    candidates: list[int | str] | None,
+    context: dict | None = None,
+    retrieve: dict | None = None,
+) -> dict:
+    """``candidates`` None: the server retrieves them (``retrieve``: {"k", "exclude_advertisers"}, both optional)."""
+    body: dict = {"user_id": user_id}
+    if candidates is None:
+        body["retrieve"] = retrieve or {}
+    else:
+        body["candidates"] = candidates
     if context:
         body["context"] = context
     return body
 
 
-def v2_body(user_id: int | str, candidates: list[int | str], context: dict | None = None) -> dict:
+def v2_body(
+    user_id: int | str,
+    candidates: list[int | str] | None,
+    context: dict | None = None,
+    retrieve: dict | None = None,
+) -> dict:
+    """``candidates`` None: ``retrieve`` ({"k", "exclude_advertisers"}) travels as the retrieve_k and
+    exclude_advertisers tensors (V2 has no default K: send k)."""
+
     def ids(values: list) -> str:  # the caller's text ids travel as BYTES
         return "INT64" if all(type(v) is int for v in values) else "BYTES"
 
-    cands = candidates if ids(candidates) == "INT64" else [str(c) for c in candidates]
-    inputs = [
-        {"name": "user_id", "shape": [1], "datatype": ids([user_id]), "data": [user_id]},
-        {"name": "candidates", "shape": [len(candidates)], "datatype": ids(candidates), "data": cands},
-    ]
+    inputs = [{"name": "user_id", "shape": [1], "datatype": ids([user_id]), "data": [user_id]}]
+    if candidates is not None:
+        cands = candidates if ids(candidates) == "INT64" else [str(c) for c in candidates]
+        inputs.append(
+            {"name": "candidates", "shape": [len(candidates)], "datatype": ids(candidates), "data": cands}
+        )
+    retrieve = retrieve or {}
+    if "k" in retrieve:
+        inputs.append({"name": "retrieve_k", "shape": [1], "datatype": "INT64", "data": [retrieve["k"]]})
+    if retrieve.get("exclude_advertisers"):
+        excluded = list(retrieve["exclude_advertisers"])
+        inputs.append(
+            {"name": "exclude_advertisers", "shape": [len(excluded)], "datatype": "INT64", "data": excluded}
+        )
     ctx = context or {}
     if "surface" in ctx:
         inputs.append({"name": "surface", "shape": [1], "datatype": "BYTES", "data": [ctx["surface"]]})
@@ -60,11 +87,13 @@ def rank(
     base_url: str,
     model: str,
     user_id: int | str,
-    candidates: list[int | str],
+    candidates: list[int | str] | None,
     context: dict | None = None,
     protocol: str = "v1",
+    retrieve: dict | None = None,
 ) -> tuple[int, dict]:
+    """``candidates`` None: retrieve then rank (``retrieve``: {"k", "exclude_advertisers"})."""
     base = base_url.rstrip("/")
     if protocol == "v2":
-        return post(f"{base}/v2/models/{model}/infer", v2_body(user_id, candidates, context))
-    return post(f"{base}/v1/models/{model}:predict", v1_body(user_id, candidates, context))
+        return post(f"{base}/v2/models/{model}/infer", v2_body(user_id, candidates, context, retrieve))
+    return post(f"{base}/v1/models/{model}:predict", v1_body(user_id, candidates, context, retrieve))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from features.feature_repo import FeatureStoreConfig
+from serving.retrieval.config import RetrievalConfig
 
 MODEL_NAME = "gem-ranker"
 EVENT_LOOPS = ("uvloop", "asyncio")  # ``connections.event_loop``
@@ -154,6 +155,7 @@ class ServingConfig:
     ad_table: AdTableConfig = field(default_factory=AdTableConfig)
     feature_log: FeatureLogConfig = field(default_factory=FeatureLogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)  # requests without candidates
 
     def __post_init__(self) -> None:
         lim = self.limits
@@ -205,6 +207,7 @@ class ServingConfig:
             raise ValueError(
                 "scoring.batch_size, scoring.feature_workers, scoring.workers and scoring.torch_threads must be >= 1"
             )
+        self.retrieval.validate()
         if not 0 <= self.cluster.canary_traffic_percent <= 100:
             raise ValueError(
                 f"cluster.canary_traffic_percent must be in 0..100, got {self.cluster.canary_traffic_percent}"

@@ -32,6 +32,8 @@ from serving.config import ConnectionConfig, ServingConfig
 from serving.docs_page import docs_page
 from serving.predictor import RankerPredictor
 from serving.request_scorer import Cancelled
+from serving.retrieval.index import IndexVersionMismatch
+from serving.retrieval.service import RetrievalUnavailable
 from serving.schema import RequestError, parse_request
 from serving.scoring_processes import WorkerLost
 
@@ -83,6 +85,8 @@ class Gateway:
     def __init__(self, app, predictor: RankerPredictor, cfg: ServingConfig, tokens: Tokens):
         self.app, self.predictor, self.cfg, self.tokens = app, predictor, cfg, tokens
         self.in_flight = 0  # admitted inference requests not answered yet (one event loop: no lock)
+        rc = cfg.retrieval
+        self._retrieve_k = (rc.index.default_k, rc.index.max_k) if rc.enabled else None  # None: never retrieves
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -263,7 +267,7 @@ class Gateway:
                 body = v2req.body
             else:
                 body = _json(raw)
-            req = parse_request(body, lim.max_candidates, bounds)
+            req = parse_request(body, lim.max_candidates, bounds, self._retrieve_k)
         except RequestError as err:
             self.predictor.stats.request("rejected")
             return await self._refuse(reply, scope, 400, str(err))
@@ -279,6 +283,14 @@ class Gateway:
                 lim.request_timeout_ms,
             )
             return await reply.json(503, {"error": f"the request did not finish within {lim.request_timeout_ms:.0f} ms"},
+                                    (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
+        except RequestError as err:  # found while answering (retrieval: no eligible ad, or not offered)
+            self.predictor.stats.request("rejected")
+            return await self._refuse(reply, scope, 400, str(err))
+        except (RetrievalUnavailable, IndexVersionMismatch) as err:  # no index yet, or one of another version
+            self.predictor.stats.shed_one("retrieval_unavailable")
+            log.warning("503 %s: %s", _loggable(scope["path"][:200]), err)
+            return await reply.json(503, {"error": f"retrieval unavailable: {err}"},
                                     (b"retry-after", str(lim.retry_after_s).encode()))  # fmt: skip
         except WorkerLost as err:  # a scoring worker process died mid-request; a replacement is starting
             self.predictor.stats.shed_one("scoring_worker_lost")
@@ -392,4 +404,5 @@ def _v2_parameters(r: dict) -> dict:
         "ad_table_as_of": r["ad_table_as_of"] or "",
         **{f"fallback.{k}": (",".join(v) if isinstance(v, list) else v) for k, v in fb.items()},
         **{f"timing_ms.{k}": v for k, v in r["timing_ms"].items()},
+        **{f"retrieval.{k}": "" if v is None else v for k, v in r.get("retrieval", {}).items()},
     }

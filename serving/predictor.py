@@ -22,6 +22,7 @@ health is a metric and a per-answer flag.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import random
@@ -31,6 +32,7 @@ import torch
 from kserve import Model
 from kserve.errors import InvalidInput
 
+from features.schema import SURFACES
 from gemflow.workspace import Workspace
 from models import one_user
 from serving import inputs as build
@@ -49,6 +51,8 @@ from serving.id_rows import IdRows
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
+from serving.retrieval.eligibility import AdFilter
+from serving.retrieval.service import RetrievalService, offline_advertisers, retrieval_block
 from serving.schema import ParsedRequest, RequestError, parse_request
 from serving.scoring_processes import ScoringProcesses, WorkerSetup
 from serving.scoring_threads import ScoringThreads
@@ -76,6 +80,7 @@ class RankerPredictor(Model):
         self._threads: ScoringThreads | None = None  # scoring.processes == 0
         self.scorer: RequestScorer | None = None
         self._processes: ScoringProcesses | None = None  # scoring.processes > 0
+        self.retrieval: RetrievalService | None = None  # retrieval.enabled: requests without candidates
         rate = cfg.feature_log.sample_rate
         self.feature_log = FeatureLog(ws, cfg.feature_log) if rate > 0 else None
 
@@ -127,6 +132,11 @@ class RankerPredictor(Model):
         else:
             self.ads = AdTable(here, at.refresh_seconds, max_failures=at.max_refresh_failures)
         self.ads.start()
+        if self.cfg.retrieval.enabled:
+            self.retrieval = RetrievalService(
+                self.cfg.retrieval, self.ws, functools.partial(offline_advertisers, self.ws)
+            )
+            self.retrieval.start()
         self._warm_up()
         self.ready = True  # the model is loaded: requests are served (degraded if the store is down)
         log.info(
@@ -147,6 +157,8 @@ class RankerPredictor(Model):
             self._processes.close()
         if self.feature_log:
             self.feature_log.close()
+        if self.retrieval:
+            self.retrieval.stop()
         super().stop()
 
     @property
@@ -234,6 +246,31 @@ class RankerPredictor(Model):
         return result
 
     async def _answer(self, req: ParsedRequest, deadline: float, log_features: bool) -> dict:
+        if req.retrieve_k is None:
+            return await self._ranked(req, deadline, log_features)
+        block, order = await self._retrieve(req)
+        result = await self._ranked(req, deadline, log_features)
+        result["retrieval"] = block
+        result["retrieval_rank"] = [order[a] for a in result["ad_ids"].tolist()]  # position before ranking
+        return result
+
+    async def _retrieve(self, req: ParsedRequest) -> tuple[dict, dict[int, int]]:
+        """Fill ``req.candidates`` from the index (on a thread: FAISS releases the GIL while it searches)."""
+        if self.retrieval is None:
+            raise RequestError(
+                "retrieve: this server does not retrieve candidates (retrieval.enabled is off)"
+            )
+        t0 = time.perf_counter()
+        flt = AdFilter(SURFACES[req.surface], req.exclude_advertisers)
+        hits, cold = await asyncio.to_thread(self.retrieval.retrieve, req.user_id, req.retrieve_k, flt)
+        if not len(hits.ad_ids):
+            raise RequestError(f"retrieve: no ad is eligible ({hits.short_of_k})")
+        req.candidates = hits.ad_ids
+        return retrieval_block(hits, cold, 1e3 * (time.perf_counter() - t0)), {
+            int(a): i for i, a in enumerate(hits.ad_ids.tolist())
+        }
+
+    async def _ranked(self, req: ParsedRequest, deadline: float, log_features: bool) -> dict:
         started = time.perf_counter()
         self.pauses.watch_loop()  # the lag probe needs the server's running loop: started by the first request
         if self._threads is not None:

@@ -2,6 +2,8 @@
 
     {"user_id": 42, "candidates": [7, 19, 3], "context": {"surface": "feed", "hour": 13, "request_ts": 1.7e9}}
 
+Without ``candidates``, ``"retrieve": {"k": 1000, "exclude_advertisers": [3]}`` (both optional: ``{}`` takes
+the server's default K) asks the server to retrieve them (``serving.retrieval``) and rank those.
 V1 accepts that object as the body (or wrapped as ``{"instances": [<it>]}``); V2 / Open Inference Protocol
 sends the same fields as named tensors (``serving.v2``). Ids are integers or text (the caller's own
 ids, echoed back as sent). Strict types: no strings for numbers, no floats or
@@ -50,11 +52,19 @@ class RankContext(BaseModel):
     request_ts: Annotated[float, Field(gt=0)] | None = None  # epoch seconds; default: the server's clock
 
 
+class RetrieveSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    k: int | None = None  # None: the server's default
+    exclude_advertisers: list[Id] = Field(default_factory=list, max_length=10_000)
+
+
 class RankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     user_id: AnyId
-    candidates: list[AnyId]
+    candidates: list[AnyId] | None = None  # None: ``retrieve`` them
+    retrieve: RetrieveSpec | None = None
     context: RankContext = Field(default_factory=RankContext)
 
 
@@ -68,6 +78,8 @@ class ParsedRequest:
     wrapped: bool  # V1 ``instances`` form: answer as ``predictions``
     user_key: str | None = None  # the user id as sent, when it was text (``user_id`` is its raw int64)
     candidate_keys: list | None = None  # the candidates as sent, when any was text (answers echo them)
+    retrieve_k: int | None = None  # set: the server retrieves this many candidates (``candidates`` is empty)
+    exclude_advertisers: tuple[int, ...] = ()
 
 
 UNION_BRANCHES = {"constrained-int": int, "constrained-str": str}  # an id's two types (``AnyId``)
@@ -128,11 +140,15 @@ def check_depth(value: Any, what: str = "the body") -> None:
 
 
 def parse_request(
-    body: Any, max_candidates: int, ts_bounds: tuple[float, float] | None = None
+    body: Any,
+    max_candidates: int,
+    ts_bounds: tuple[float, float] | None = None,
+    retrieve_k: tuple[int, int] | None = None,
 ) -> ParsedRequest:
     """A V1 body (already JSON-decoded) -> ParsedRequest, or RequestError naming what is wrong.
 
-    ``ts_bounds``: the oldest and newest ``context.request_ts`` accepted (epoch seconds), None = no bound."""
+    ``ts_bounds``: the oldest and newest ``context.request_ts`` accepted (epoch seconds), None = no bound.
+    ``retrieve_k``: (default, largest) K of a request without candidates; None = this server does not retrieve."""
     wrapped = False
     if isinstance(body, dict) and "instances" in body:
         if set(body) != {"instances"}:
@@ -148,7 +164,34 @@ def parse_request(
     except ValidationError as err:
         check_depth(body)  # before any message quotes the input (a valid request never pays for the walk)
         raise RequestError(f"invalid request: {_describe(err)}") from None
+    if req.candidates is None:
+        return _check_retrieve(req, wrapped, ts_bounds, retrieve_k)
+    if req.retrieve is not None:
+        raise RequestError("send either candidates or retrieve, not both")
     return _check(req, max_candidates, wrapped, ts_bounds)
+
+
+def _check_retrieve(
+    req: RankRequest, wrapped: bool, ts_bounds: tuple[float, float] | None, limits: tuple[int, int] | None
+) -> ParsedRequest:
+    if req.retrieve is None:
+        raise RequestError(
+            'candidates: Field required (or send "retrieve": {} to have the server retrieve the candidates)'
+        )
+    if limits is None:
+        raise RequestError(
+            "retrieve: this server does not retrieve candidates (retrieval.enabled is off); send candidates"
+        )
+    default, largest = limits
+    k = default if req.retrieve.k is None else req.retrieve.k
+    if not 1 <= k <= largest:
+        raise RequestError(f"retrieve.k: {k} must be within 1..{largest}")
+    empty = req.model_copy(update={"candidates": [0]})  # the context checks, on a placeholder candidate
+    parsed = _check(empty, 1, wrapped, ts_bounds)
+    parsed.candidates = np.zeros(0, np.int64)
+    parsed.retrieve_k = k
+    parsed.exclude_advertisers = tuple(req.retrieve.exclude_advertisers)
+    return parsed
 
 
 def _check(

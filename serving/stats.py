@@ -21,6 +21,9 @@ FALLBACKS = PromCounter("gemflow_ranker_fallbacks", "Degraded answers by reason"
 VERSION_MISMATCH = PromCounter(
     "gemflow_ranker_embedding_version_mismatch", "Cached embeddings written by another user-model version"
 )
+RETRIEVAL_VERSION_MISMATCH = PromCounter(
+    "gemflow_retrieval_version_mismatch", "Retrieval queries refused: the index holds another user-model version"
+)
 UNKNOWN_ADS = PromCounter("gemflow_ranker_unknown_ads", "Candidates missing from the in-process ad table")
 RESPONSES = PromCounter(
     "gemflow_ranker_http_responses",

@@ -37,9 +37,12 @@ INPUTS: dict[str, tuple[tuple[str, ...], bool]] = {
     "surface": (("BYTES",), True),
     "hour": (INTS, True),
     "request_ts": (INTS + FLOATS, True),
+    "retrieve_k": (INTS, True),  # without candidates: the server retrieves this many (``serving.retrieval``)
+    "exclude_advertisers": (INTS, False),
 }
 OUTPUTS = {"ad_ids": "INT64", "p_click": "FP32", "p_conversion": "FP32"}
 CONTEXT_INPUTS = ("surface", "hour", "request_ts")
+RETRIEVE_INPUTS = {"retrieve_k": "k", "exclude_advertisers": "exclude_advertisers"}
 # model_name: KServe's InferenceRESTClient always sends it; accepted when it names the route's model
 REQUEST_KEYS = {"id", "model_name", "parameters", "inputs", "outputs"}
 INPUT_KEYS = {"name", "shape", "datatype", "data", "parameters"}
@@ -262,6 +265,9 @@ def _body(values: dict[str, Any]) -> dict:
         context["request_ts"] = float(context["request_ts"])
     if context:
         body["context"] = context
+    retrieve = {field: values[name] for name, field in RETRIEVE_INPUTS.items() if name in values}
+    if retrieve:  # the server retrieves the candidates (refused by the schema if candidates came too)
+        body["retrieve"] = retrieve
     return body
 
 
@@ -339,7 +345,7 @@ def metadata(model_name: str, model_version: str) -> dict:
     preferred = {"surface": "BYTES", "request_ts": "FP64"}  # request_ts: epoch seconds; ids: INT64
     inputs = [
         {"name": name, "datatype": preferred.get(name, "INT64"), "shape": [1] if single else [-1],
-         "parameters": {"accepted_datatypes": ",".join(dtypes), "optional": name in CONTEXT_INPUTS}}
+         "parameters": {"accepted_datatypes": ",".join(dtypes), "optional": name in CONTEXT_INPUTS or name in RETRIEVE_INPUTS}}
         for name, (dtypes, single) in INPUTS.items()
     ]  # fmt: skip
     outputs = [{"name": n, "datatype": d, "shape": [-1]} for n, d in OUTPUTS.items()]

@@ -78,25 +78,31 @@ def register(app: typer.Typer) -> None:
     def rank_cmd(
         user_id: Annotated[str, typer.Option("--user", "-u", help="User id, as in your log (u_1832 or 42).")],
         candidates: Annotated[
-            str, typer.Option("--candidates", help="Comma-separated ad ids, as in your log.")
-        ],
+            str | None,
+            typer.Option(
+                "--candidates", help="Comma-separated ad ids, as in your log; omit to retrieve them."
+            ),
+        ] = None,
         url: Annotated[str, typer.Option(help="Server base URL.")] = "http://127.0.0.1:8080",
         model: Annotated[str, typer.Option(help="Model name.")] = "gem-ranker",
         surface: Annotated[str | None, typer.Option(help="Context surface (feed, stories, ...).")] = None,
         protocol: Annotated[str, typer.Option(help="v1 or v2.")] = "v1",
         top: Annotated[int, typer.Option(help="How many ranked ads to print.")] = 10,
+        retrieve_k: Annotated[
+            int, typer.Option(help="Without --candidates: how many ads the server retrieves to rank.")
+        ] = 1000,
     ) -> None:
-        """Ask a running server to rank candidates for a user and print the top ones."""
+        """Ask a running server to rank candidates for a user (or to retrieve and rank them) and print the top."""
         from serving.client import rank
 
-        ids = [_id(c.strip()) for c in candidates.split(",") if c.strip()]
-        if not ids or not user_id.strip():
+        ids = None if candidates is None else [_id(c.strip()) for c in candidates.split(",") if c.strip()]
+        if ids == [] or not user_id.strip():
             raise typer.BadParameter("--user and --candidates need at least one id each")
         if protocol not in ("v1", "v2"):
             raise typer.BadParameter("--protocol must be v1 or v2")
         context = {"surface": surface} if surface else None
         try:
-            status, body = rank(url, model, _id(user_id.strip()), ids, context, protocol)
+            status, body = rank(url, model, _id(user_id.strip()), ids, context, protocol, {"k": retrieve_k})
         except OSError as err:
             raise typer.BadParameter(f"no server answering at {url}: {err}") from err
         if status != 200:
@@ -104,7 +110,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         if protocol == "v1":
             rows = list(zip(body["ad_ids"], body["p_click"], body["p_conversion"], strict=True))[:top]
-            meta = {k: body[k] for k in ("model_version", "embedding_version", "ad_table_as_of", "fallback")}
+            keys = ("model_version", "embedding_version", "ad_table_as_of", "fallback", "retrieval")
+            meta = {k: body[k] for k in keys if k in body}
         else:
             out = {o["name"]: o["data"] for o in body["outputs"]}
             rows = list(zip(out["ad_ids"], out["p_click"], out["p_conversion"], strict=True))[:top]
@@ -112,6 +119,42 @@ def register(app: typer.Typer) -> None:
         for ad, pc, pv in rows:
             typer.echo(f"ad {ad!s:>8}  p_click {pc:.4f}  p_conversion {pv:.4f}")
         typer.echo(json.dumps(meta, indent=2))
+
+    @app.command("retrieval-index")
+    def retrieval_index_cmd(
+        date: Annotated[str, typer.Option(help="The refresh day (YYYY-MM-DD); empty = the latest.")] = "",
+        k: Annotated[int, typer.Option(help="Recall@K measured against exact search.")] = 1000,
+        sample: Annotated[int, typer.Option(help="Users whose queries are searched.")] = 200,
+        track: Annotated[bool, typer.Option(help="Log the report to MLflow (gemflow-retrieval).")] = True,
+        tracking_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = "",
+        cfg_path: ConfigOpt = None,
+        overrides: SetOpt = None,
+        ws: WorkspaceOpt = None,
+    ) -> None:
+        """Build the retrieval index from a refresh's ad vectors as the server would (--set retrieval.index.*),
+        measure it (recall@K vs exact, per-query latency, size) and record it."""
+        import datetime as dt
+
+        from models.embeddings.ad_vectors import RETRIEVAL_TABLE
+        from serving.config import ServingConfig
+        from serving.retrieval.report import index_report, track_report, write_report
+        from serving.retrieval.service import latest_folder
+
+        cfg = config(ServingConfig, cfg_path, overrides)
+        w = workspace(ws)
+        try:
+            folder = w.offline(RETRIEVAL_TABLE, dt.date.fromisoformat(date)) if date else latest_folder(w)
+        except ValueError as err:
+            raise typer.BadParameter(f"--date {date!r} is not a date like 2026-01-31") from err
+        if folder is None or not folder.exists():
+            typer.echo(f"error: no retrieval vectors under {w.offline(RETRIEVAL_TABLE)} (run refresh-embeddings "
+                       "with a next-item user model)", err=True)  # fmt: skip
+            raise typer.Exit(code=2)
+        report = index_report(folder, cfg.retrieval.index, k, sample)
+        write_report(report)
+        if track:
+            report["mlflow_run_id"] = track_report(report, w, tracking_uri)
+        typer.echo(json.dumps({k: v for k, v in report.items() if k != "config"}, indent=2))
 
     @app.command("serving-manifest")
     def manifest_cmd(cfg_path: ConfigOpt = None, overrides: SetOpt = None) -> None:

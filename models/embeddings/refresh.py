@@ -41,6 +41,14 @@ from features.stats import read_events
 from gemflow.config import save_config, to_dict
 from gemflow.workspace import Workspace
 from models.data import Events
+from models.embeddings.ad_vectors import (
+    RETRIEVAL_TABLE,
+    USER_QUERY_FILE,
+    UserQueries,
+    ad_vectors,
+    user_queries,
+    write_ad_vectors,
+)
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
 from models.inference import ModelBundle, load_bundle, save_bundle
 from models.malloc import huge_pages
@@ -303,6 +311,27 @@ def push_online(store, frame: pd.DataFrame, chunk: int) -> int:
     return len(frame)
 
 
+def write_retrieval_vectors(
+    ws: Workspace, day: dt.date, champion: Champion, seqs: UserSequences, cfg: RefreshConfig
+) -> Path | None:
+    """The champion's ad vectors and every refreshed user's query for retrieval (``models.embeddings.ad_vectors``),
+    versioned as the embeddings are; None for a user model without a next-item head (nothing to retrieve with).
+    The queries take a second pass over the histories (the embeddings' pass keeps only the summary tokens)."""
+    bundle = champion.bundle
+    if getattr(bundle.cfg, "objective", "") != "next_item":
+        return None
+    out = np.zeros((len(seqs.user_ids), bundle.cfg.d_model), np.float32)
+    for rows in token_budget_batches(seqs.lengths, cfg.token_budget, cfg.max_users_per_batch):
+        batch = seqs.take(rows)
+        history, user_id = model_inputs(bundle, batch.events(bundle.cfg.time_buckets), batch.user_ids)
+        out[rows] = user_queries(bundle, history, user_id)
+    order = np.argsort(seqs.user_ids, kind="stable")
+    folder = ws.offline(RETRIEVAL_TABLE, day)
+    queries = UserQueries(seqs.user_ids[order].astype(np.int64), out[order], champion.version)
+    write_ad_vectors(folder, queries, day, USER_QUERY_FILE)
+    return write_ad_vectors(folder, ad_vectors(bundle, champion.version), day)
+
+
 def summary_dir(ws: Workspace, day: dt.date) -> Path:
     return ws.reports(day) / "user_embedding"
 
@@ -324,6 +353,7 @@ def refresh_embeddings(ws: Workspace, cfg: RefreshConfig) -> dict:
     encode_s = time.perf_counter() - t_encode
     frame = embedding_frame(seqs.user_ids, emb, champion.version, day)
     offline_path = write_offline(ws, day, frame)
+    ad_vector_path = write_retrieval_vectors(ws, day, champion, seqs, cfg)
 
     later = [d for d in partition_days(ws, "offline", EMBEDDING_TABLE) if d > day]
     pushed, online_note = 0, "pushed"
@@ -349,6 +379,7 @@ def refresh_embeddings(ws: Workspace, cfg: RefreshConfig) -> dict:
         "encode_seconds": round(encode_s, 3),
         "users_per_second": round(len(seqs.user_ids) / encode_s, 1) if encode_s > 0 else None,
         "offline_path": str(offline_path),
+        "ad_vectors_path": str(ad_vector_path) if ad_vector_path else None,
         "online": online_note,
         "online_rows": pushed,
         "seconds": round(time.perf_counter() - t0, 3),

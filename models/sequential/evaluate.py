@@ -21,6 +21,7 @@ KS = (1, 5, 10)
 def negative_lists(seqs: SequenceSet, num_negatives: int = 99, seed: int = 0) -> np.ndarray:
     """(users, num_negatives) items each user never touched; the same for every model (fixed seed)."""
     catalog = np.unique(seqs.data.seq_values["ad_id"])
+    catalog = catalog[catalog >= 0]  # OOV (-1): ads the training period never saw are nobody's negative
     if len(catalog) <= num_negatives:
         raise ValueError(f"leave-one-out needs more than {num_negatives} items, the set has {len(catalog)}")
     rng = np.random.default_rng(seed)
@@ -67,9 +68,15 @@ def rank_split(
         users = np.arange(start, min(start + batch_users, seqs.num_users))
         scores = score(users, split).float()
         target = targets[users]
-        pos = scores.gather(1, target[:, None])
-        sampled.append((scores.gather(1, negatives[users]) >= pos).sum(1))
-        full.append((scores >= pos).sum(1) - 1)  # the target itself is not a competitor
+        # a held-out ad the training period never saw (OOV, -1) cannot be ranked by any model: a miss
+        unknown = target < 0
+        pos = scores.gather(1, target.clamp(min=0)[:, None])
+        sampled.append(
+            torch.where(unknown, negatives.shape[1], (scores.gather(1, negatives[users]) >= pos).sum(1))
+        )
+        full.append(
+            torch.where(unknown, scores.shape[1], (scores >= pos).sum(1) - 1)
+        )  # the target: no competitor
     return {
         **ranks_to_metrics(torch.cat(sampled).numpy(), prefix),
         **ranks_to_metrics(torch.cat(full).numpy(), f"{prefix}full_"),

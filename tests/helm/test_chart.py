@@ -179,6 +179,8 @@ def test_every_component_is_rendered(rendered):
     [
         ("image.tag=latest", "image.tag"),
         ("ranker.canaryTrafficPercent=150", "canaryTrafficPercent"),
+        ("ranker.retrieval.indexKind=annoy", "indexKind"),
+        ("ranker.retrieval.maxK=0", "maxK"),
         ("postgres.existingSecret=null", "existingSecret is required"),
         ("training.model=ranking", "training.model"),
         ("mlflow.auth.defaultPermission=WRITE", "defaultPermission"),
@@ -584,6 +586,9 @@ def test_ranker_arguments_parse_with_gemflow_serve(rendered):
         assert cfg.tracking_uri == "http://gemflow-mlflow:5000"
         assert cfg.feature_store.online_store == "redis"
         assert cfg.feature_store.redis_connection.endswith(":6379,password=r3d1s")
+        ret = cfg.retrieval  # retrieve -> rank: built from the workspace's newest refresh, reloaded
+        assert ret.enabled and ret.reload_seconds == 300 and ret.folder == ""
+        assert (ret.index.kind, ret.index.default_k, ret.index.max_k) == ("auto", 1000, 5000)
 
 
 def _component(doc: dict) -> str:

@@ -1,0 +1,166 @@
+"""Retrieval inside the ranker server: the current index + user queries, swapped whole, and the one call a request
+makes (``retrieve``).
+
+A ``Snapshot`` is everything one user-model version needs to retrieve: the ANN index over its ad vectors and its
+users' queries (both from one ``offline/retrieval/D`` folder that the embedding refresh wrote). The service holds
+one reference to the current snapshot; a reload builds the next one completely off to the side and swaps the
+reference in one assignment, so a request (which takes the reference once) is answered wholly from one complete
+index, old or new, never from a half-built one. Reloads run on a background thread every ``reload_seconds``
+when a newer folder (or a newer version) appears.
+
+A user without a query of this version (not refreshed yet) is retrieved for by the catalog's mean user query
+(a cold-start list, flagged in the answer), not refused: the ranker still orders what comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from features.feature_repo.offline import partition_days
+from gemflow.workspace import Workspace
+from models.embeddings.ad_vectors import (
+    AD_VECTOR_FILE,
+    RETRIEVAL_TABLE,
+    USER_QUERY_FILE,
+    UserQueries,
+    read_ad_vectors,
+)
+from serving.retrieval.config import IndexConfig, RetrievalConfig
+from serving.retrieval.eligibility import AdEligibility, AdFilter
+from serving.retrieval.index import AdIndex, Retrieved
+
+log = logging.getLogger(__name__)
+
+
+class RetrievalUnavailable(RuntimeError):
+    """This server has no retrieval index (disabled, or none loaded yet): answered 503."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    index: AdIndex
+    queries: UserQueries
+    source: str  # the folder it was built from
+    cold_query: np.ndarray  # the mean user query: what a user without one retrieves with
+
+    @property
+    def version(self) -> str:
+        return self.index.model_version
+
+
+def build_snapshot(folder: Path, cfg: IndexConfig, advertiser_of: dict[int, int] | None = None) -> Snapshot:
+    """Index + queries of one refresh folder; their versions must agree (one refresh writes both)."""
+    ads = read_ad_vectors(folder, AD_VECTOR_FILE)
+    queries = read_ad_vectors(folder, USER_QUERY_FILE)
+    if queries.model_version != ads.model_version:
+        raise ValueError(
+            f"{folder}: user queries of {queries.model_version!r} beside ad vectors of {ads.model_version!r}"
+        )
+    eligibility = AdEligibility.everything(len(ads.ad_ids))
+    if advertiser_of:
+        eligibility.advertiser[:] = [advertiser_of.get(int(a), -1) for a in ads.ad_ids]
+    cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(ads.dim, np.float32)
+    return Snapshot(AdIndex(ads, cfg, eligibility), queries, str(folder), cold.astype(np.float32))
+
+
+def latest_folder(ws: Workspace) -> Path | None:
+    days = [d for d in partition_days(ws, "offline", RETRIEVAL_TABLE)
+            if (ws.offline(RETRIEVAL_TABLE, d) / AD_VECTOR_FILE).exists()]  # fmt: skip
+    return ws.offline(RETRIEVAL_TABLE, days[-1]) if days else None
+
+
+class RetrievalService:
+    def __init__(self, cfg: RetrievalConfig, ws: Workspace, advertiser_of=None):
+        cfg.validate()
+        self.cfg, self.ws = cfg, ws
+        self.advertiser_of = advertiser_of  # () -> {ad_id: advertiser_id}, read at each build
+        self._current: Snapshot | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.swaps = 0
+
+    @property
+    def current(self) -> Snapshot | None:
+        return self._current
+
+    def swap(self, snapshot: Snapshot) -> None:
+        """Make ``snapshot`` (complete: built before this call) the one requests use, in one assignment."""
+        self._current = snapshot
+        self.swaps += 1
+        log.info("retrieval index %s (%d ads, %s) from %s", snapshot.version, len(snapshot.index),
+                 snapshot.index.kind, snapshot.source)  # fmt: skip
+
+    def source(self) -> Path | None:
+        return Path(self.cfg.folder) if self.cfg.folder else latest_folder(self.ws)
+
+    def load(self) -> bool:
+        """Build and swap in the newest refresh's snapshot if it differs from the current one."""
+        folder = self.source()
+        if folder is None:
+            log.warning("retrieval: no refresh has written %s yet", RETRIEVAL_TABLE)
+            return False
+        if self._current is not None and self._current.source == str(folder):
+            return False
+        advertisers = self.advertiser_of() if self.advertiser_of else None
+        self.swap(build_snapshot(folder, self.cfg.index, advertisers))
+        return True
+
+    def start(self) -> None:
+        self.load()
+        if self.cfg.reload_seconds > 0:
+            self._thread = threading.Thread(target=self._reload_loop, name="retrieval-reload", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _reload_loop(self) -> None:
+        while not self._stop.wait(self.cfg.reload_seconds):
+            try:
+                self.load()
+            except Exception:  # a bad folder keeps the current index serving
+                log.exception("retrieval: reload failed; the current index keeps serving")
+
+    def retrieve(self, user_id: int, k: int, flt: AdFilter) -> tuple[Retrieved, bool]:
+        """(the ``k`` best eligible ads for the user, whether the cold-start query was used)."""
+        snap = self._current  # once: the whole request uses this snapshot
+        if snap is None:
+            raise RetrievalUnavailable("retrieval is enabled but no index is loaded yet")
+        query = snap.queries.lookup(user_id)
+        cold = query is None
+        t0 = time.perf_counter()
+        hits = snap.index.search(snap.cold_query if cold else query, snap.queries.model_version, k, flt)
+        log.debug("retrieved %d ads in %.2f ms", len(hits.ad_ids), 1e3 * (time.perf_counter() - t0))
+        return hits, cold
+
+
+def offline_advertisers(ws: Workspace) -> dict[int, int]:
+    """ad_id -> advertiser_id from the newest ``ad_attributes`` partition ({} when there is none)."""
+    from features.feature_repo.offline import read_partition
+
+    days = partition_days(ws, "offline", "ad_attributes")
+    if not days:
+        return {}
+    table = read_partition(ws.offline("ad_attributes", days[-1]), ["ad_id", "ad_advertiser_id"])
+    return dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
+
+
+def retrieval_block(hits: Retrieved, cold: bool, ms: float) -> dict:
+    """What the answer says about the retrieval stage: which index and version, how the ads were found."""
+    return {
+        "stage": "retrieve -> rank",  # retrieval chose the candidates; every position is the ranker's
+        "index_version": hits.model_version,
+        "k": hits.k,
+        "retrieved": len(hits.ad_ids),
+        "eligible": hits.eligible,
+        "method": hits.method,
+        "short_of_k": hits.short_of_k,
+        "cold_start_query": cold,
+        "ms": round(ms, 3),
+    }
