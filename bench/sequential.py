@@ -62,12 +62,12 @@ def popularity_row(cfg, ws: Workspace) -> dict:
     """Popularity on the same split and lists as the trained models."""
     from models.data import TrainingSet
     from models.sequential.data import SequenceSet
-    from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split
+    from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
     from models.train import resolve_training_set
 
     start = time.perf_counter()
     seqs = SequenceSet(TrainingSet(resolve_training_set(cfg.training_set, ws)), 1, 0)
-    negatives = negative_lists(seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
+    negatives = sequence_negatives(seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
     out = rank_split(popularity_scorer(seqs), seqs, "test", negatives, prefix="test_")
     return {**out, "parameters": 0, "train_seconds": 0.0, "seconds": time.perf_counter() - start}
 

@@ -15,7 +15,7 @@ from models.config import TrainRunConfig, resolve_user_model
 from models.data import DenseSpec, TrainingSet
 from models.inference import ModelBundle, build_model
 from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
-from models.sequential.evaluate import model_scorer, negative_lists, rank_split
+from models.sequential.evaluate import catalog_mask, model_scorer, rank_split, sequence_negatives
 from models.sequential.objective import next_item_loss, resolve_loss
 
 
@@ -46,7 +46,8 @@ class NextItemTask:
             vocabularies=data.vocabularies,
         )  # fmt: skip
         self.loss_kind = resolve_loss(cfg.next_item, model.num_items)
-        self.negatives = negative_lists(self.seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
+        self.negatives = sequence_negatives(self.seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
+        self.candidates = catalog_mask(self.seqs)
         self.select = f"valid_{cfg.next_item.select_metric}"
         self.num_train = self.seqs.num_users
 
@@ -66,7 +67,10 @@ class NextItemTask:
     def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
         was_training = model.training
         model.eval()
-        out = rank_split(model_scorer(model, self.seqs), self.seqs, split, self.negatives, prefix=f"{split}_")
+        out = rank_split(
+            model_scorer(model, self.seqs), self.seqs, split, self.negatives, prefix=f"{split}_",
+            candidates=self.candidates,
+        )  # fmt: skip
         model.train(was_training)
         return out
 
