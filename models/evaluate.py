@@ -141,7 +141,12 @@ def leave_one_out(
 ) -> dict[str, float]:  # fmt: skip
     lists = loo_lists(data, split, num_negatives, seed)
     scores = score_lists(bundle, data, builder, lists, scorer=scorer)
-    return rank_metrics(scores[:, 0], scores[:, 1:], ks)
+    return rank_metrics(_held_out(scores, lists), scores[:, 1:], ks)
+
+
+def _held_out(scores: np.ndarray, lists: LooLists) -> np.ndarray:
+    """The held-out item's scores; an item outside the vocabulary (-1) is a miss (``models.leave_one_out``)."""
+    return np.where(lists.items[:, 0] < 0, -np.inf, scores[:, 0])
 
 
 def popularity_leave_one_out(
@@ -158,7 +163,7 @@ def popularity_leave_one_out(
     train = (leave_one_out_split(ex) == "train") & (ex["click"].to_numpy() > 0)
     counts = ex.loc[train, "ad_id"].value_counts()
     scores = counts.reindex(lists.items.ravel()).fillna(0).to_numpy().reshape(lists.items.shape)
-    return rank_metrics(scores[:, 0], scores[:, 1:], ks)
+    return rank_metrics(_held_out(scores, lists), scores[:, 1:], ks)
 
 
 def load_for_evaluation(run_dir: str | Path, training_set: str | Path, fresh_as_of: str = "served"):

@@ -46,11 +46,12 @@ def rank_split(
         users = np.arange(start, min(start + batch_users, seqs.num_users))
         scores = score(users, split).float()
         target = targets[users]
-        sampled.append(
-            sampled_ranks(scores.gather(1, target[:, None])[:, 0], scores.gather(1, negatives[users]))
-        )
+        known = (target >= 0) & (target < scores.shape[1])
+        target = target.clamp(0, scores.shape[1] - 1)
+        pos = scores.gather(1, target[:, None])[:, 0].masked_fill(~known, -torch.inf)  # never trained: a miss
+        sampled.append(sampled_ranks(pos, scores.gather(1, negatives[users])))
         history = history_mask(*seqs.history_items(users, split), num_items)
-        m, u = full_ranks(scores, target, candidates[: scores.shape[1]], history[:, : scores.shape[1]])
+        m, u = full_ranks(scores, target, pos, candidates[: scores.shape[1]], history[:, : scores.shape[1]])
         masked.append(m)
         unmasked.append(u)
     return {

@@ -24,10 +24,14 @@ def test_full_ranking_masked_and_unmasked_by_hand():
     scores = torch.tensor([[0.9, 0.5, 0.7, 0.5, 0.1, 0.99], [0.2, 0.2, 0.2, 0.2, 0.2, 0.2]])
     target = torch.tensor([1, 4])
     history = history_mask(np.array([0, 2, 3]), np.array([0, 2, 1]), 6)  # user 0 had {0, 2}, user 1 had {1}
-    masked, unmasked = full_ranks(scores, target, candidates, history)
+    pos = scores.gather(1, target[:, None])[:, 0]
+    masked, unmasked = full_ranks(scores, target, pos, candidates, history)
     # user 0: 0 (0.9), 2 (0.7) and 3 (0.5, a tie) beat item 1; masked, only the tie is left
     # user 1: every candidate ties (ties count against the model); masked, item 1 is no competitor
     assert masked.tolist() == [1, 3] and unmasked.tolist() == [3, 4]
+    # a held-out item the model never trained (scored -inf) is a miss: every candidate beats it
+    missed = full_ranks(scores, target, torch.full((2,), -torch.inf), candidates, history)
+    assert [r.tolist() for r in missed] == [[2, 3], [4, 4]]
     m = ranks_to_metrics(masked.numpy(), ks=(1, 5))
     assert m["hr@1"] == 0.0 and m["hr@5"] == 1.0
     assert m["ndcg@5"] == pytest.approx((1 / np.log2(3) + 1 / np.log2(5)) / 2)
