@@ -7,7 +7,8 @@ zeroed, as in the reference code), batches of users of similar length (length bu
     OMP_NUM_THREADS=1 .venv/bin/python bench/plain_sasrec.py --workspace /tmp/toys --training-set toys \
         --epochs 2 --threads 1
 
-Prints seconds per epoch (and the same for the gemflow SASRec through the training loop's task, ``--ours``);
+Prints seconds per epoch (and the same for the gemflow SASRec through the training loop's task, ``--ours``,
+the two alternating epoch by epoch, each first every other epoch, so both see the same load);
 it judges speed only (no evaluation): the quality of SASRec is bench/sequential.py's table.
 """
 
@@ -142,11 +143,7 @@ def main() -> None:
     model = PlainSASRec(num_items).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
-    load = os.getloadavg()[0]
-    seconds: dict[str, list[float]] = {"plain": [], "gemflow": []}
-    for epoch in range(args.epochs):
-        seconds["plain"].append(plain_epoch(model, opt, sequences, num_items, args.batch_size, rng))
-        print(f"plain   epoch {epoch}: {seconds['plain'][-1]:.1f} s", flush=True)
+    epochs = {"plain": lambda epoch: plain_epoch(model, opt, sequences, num_items, args.batch_size, rng)}
     if args.ours:
         from models.sequential.task import NextItemTask
 
@@ -155,10 +152,14 @@ def main() -> None:
                            "optim.batch_size": str(args.batch_size)})  # fmt: skip
         task = NextItemTask(cfg, path)
         ours = task.bundle.model.train()
-        opt = torch.optim.Adam(ours.parameters(), lr=1e-3)
-        for epoch in range(args.epochs):
-            seconds["gemflow"].append(ours_epoch(task, ours, opt, epoch + 1))
-            print(f"gemflow epoch {epoch}: {seconds['gemflow'][-1]:.1f} s", flush=True)
+        ours_opt = torch.optim.Adam(ours.parameters(), lr=1e-3)
+        epochs["gemflow"] = lambda epoch: ours_epoch(task, ours, ours_opt, epoch + 1)
+    load = os.getloadavg()[0]
+    seconds: dict[str, list[float]] = {name: [] for name in epochs}
+    for epoch in range(args.epochs):  # alternating, each first every other epoch: both see the same load
+        for name in list(epochs)[:: 1 if epoch % 2 == 0 else -1]:
+            seconds[name].append(epochs[name](epoch))
+            print(f"{name:<8} epoch {epoch}: {seconds[name][-1]:.1f} s", flush=True)
     loads = f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
     print(f"threads {args.threads}, batch {args.batch_size}, {len(sequences)} users, {loads}")
     if args.record:
