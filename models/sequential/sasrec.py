@@ -94,7 +94,7 @@ class SASRec(nn.Module):
         src = end[:, None] - t + col[None]  # flat index of column c
         valid = col[None] >= (t - lengths)[:, None]
         ids = torch.where(valid, history.ad_id[src.clamp(min=0)], torch.full_like(src, self.pad_id))
-        ids = ids.clamp(max=self.pad_id)
+        ids = torch.where((ids >= 0) & (ids < self.num_items), ids, self.pad_id)  # out of the vocabulary (-1)
         x = self.items(ids) * self.cfg.d_model**0.5 + self.positions(col + self.cfg.max_len - t)[None]
         pad = ~valid
         x = self.drop(x).masked_fill(pad[..., None], 0.0)
