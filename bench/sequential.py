@@ -11,13 +11,21 @@ the whole catalog:
     sasrec            SASRec as published: 2 blocks, d 64, 1 head, max length 50, dropout, learned positions,
                       binary cross-entropy with one sampled negative per position (the paper's loss)
     sasrec_ce         the same network with the full softmax cross-entropy the gemflow model uses
+    sasrec_sampled    the same network with sampled softmax over 256 shared negatives (the strongest published
+                      full-ranking SASRec figures use this loss)
     mean_pooling      the gemflow user model with its attention removed: causal mean of the event tokens
     gemflow           the gemflow user model: jagged causal transformer (relative position / time biases), item
                       attributes tokenized into every event and into the item side, full softmax
     gemflow_ids_only  the same without item attributes (the attribute ablation)
 
-The base config is ``configs/sequential.yaml``; ``--set`` overrides apply to every trained model. The table
-(mean +- sample std over seeds), per-model parameters and time, and a plot go to ``--json`` / ``--docs``.
+The base config is ``configs/sequential.yaml``; ``--set`` overrides apply to every trained model, and
+``--baseline-epochs`` / ``--baseline-patience`` give the SASRec baselines their own budget (early stopping on
+valid NDCG@10, sampled lists). The table states the protocol of every row (``models.leave_one_out``): sampled,
+full ranking with the user's history masked (the published convention) and unmasked; per model the epochs run
+in each seed and whether it stopped early or hit the cap; the published anchors of the set with their protocol
+(``bench/sequential_anchors.py``); and each "gemflow > baseline" line says whether the baseline converged or
+both ran equal epochs. Mean +- sample std over seeds, per-model parameters and time, and a plot go to
+``--json`` / ``--docs``. ``--profile`` only times the phases of a training step per model.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.sequential_anchors import anchor_lines  # noqa: E402
+from bench.sequential_profile import step_profile  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
 
@@ -40,12 +50,20 @@ MODELS = {
     "popularity": None,
     "sasrec": {"model": "sasrec", "next_item.loss": "bce"},
     "sasrec_ce": {"model": "sasrec", "next_item.loss": "full"},
+    "sasrec_sampled": {"model": "sasrec", "next_item.loss": "sampled", "next_item.num_negatives": "256"},
     "mean_pooling": {"model": "user", "user_model.pooling": "mean"},
     "gemflow": {"model": "user"},
     "gemflow_ids_only": {"model": "user", "user_model.item_attributes": "none"},
 }
 METRICS = ("hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10", "mrr")
-PROTOCOLS = {"sampled": "", "full": "full_"}  # 1 + 99 sampled items | every item
+BASELINES = ("sasrec", "sasrec_ce", "sasrec_sampled")  # trained with --baseline-epochs / --baseline-patience
+# metric key prefixes: 1 + 99 sampled items | every trained item, history masked | every trained item
+PROTOCOLS = {"sampled": "", "masked": "full_", "unmasked": "full_unmasked_"}
+PROTOCOL_LABELS = {
+    "sampled": "sampled: 1 positive + 99 items the user never touched",
+    "masked": "full ranking, history masked: every trained item except the user's earlier ones (published convention)",
+    "unmasked": "full ranking, unmasked: every trained item",
+}
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -63,11 +81,11 @@ def popularity_row(cfg, ws: Workspace) -> dict:
     from models.data import TrainingSet
     from models.prepare import resolve_training_set
     from models.sequential.data import SequenceSet
-    from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split
+    from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
 
     start = time.perf_counter()
     seqs = SequenceSet(TrainingSet(resolve_training_set(cfg.training_set, ws)), 1, 0)
-    negatives = negative_lists(seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
+    negatives = sequence_negatives(seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
     out = rank_split(popularity_scorer(seqs), seqs, "test", negatives, prefix="test_")
     return {**out, "parameters": 0, "train_seconds": 0.0, "seconds": time.perf_counter() - start}
 
@@ -78,14 +96,17 @@ def trained_row(cfg, ws: Workspace) -> dict:
     start, cpu = time.perf_counter(), time.process_time()
     result = train(cfg, ws)
     return {
-        **run_row(result.run_dir),
-        "seconds": time.perf_counter() - start,
+        **run_row(
+            result.run_dir, cfg.optim.epochs
+        ),  # its seconds: train + eval of every epoch, resumed or not
+        "invocation_seconds": time.perf_counter() - start,
         "cpu_seconds": time.process_time() - cpu,
     }
 
 
-def run_row(run_dir: Path) -> dict:
-    """A finished run's row from its folder: test metrics, parameters, epochs and their time."""
+def run_row(run_dir: Path, epoch_cap: int) -> dict:
+    """A finished run's row from its folder: test metrics, parameters, epochs (and whether it stopped before
+    ``epoch_cap``) and their time."""
     from models.inference import load_bundle
 
     history = json.loads((run_dir / "history.json").read_text())
@@ -95,6 +116,8 @@ def run_row(run_dir: Path) -> dict:
         **json.loads((run_dir / "metrics.json").read_text()),
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": len(epochs),
+        "epoch_cap": epoch_cap,
+        "stopped_early": len(epochs) < epoch_cap,
         "train_seconds": sum(h["train_seconds"] for h in epochs),
         "eval_seconds": sum(h["eval_seconds"] for h in epochs),
         "run_dir": str(run_dir),
@@ -115,7 +138,7 @@ def collect(args, overrides: dict[str, str]) -> dict[int, dict]:
             if MODELS[name] is None:
                 rows[name] = popularity_row(_config(args, ws, seed, name, overrides), ws)
             elif (folder / name / "metrics.json").exists():
-                rows[name] = run_row(folder / name)
+                rows[name] = run_row(folder / name, _config(args, ws, seed, name, overrides).optim.epochs)
         if all(name in rows for name in args.models):
             per_seed[seed] = rows
         else:
@@ -137,60 +160,18 @@ def _config(args, ws: Workspace, seed: int, name: str, overrides: dict[str, str]
             "output_dir": str(ws.root / "sequential" / f"seed{seed}" / name),
             **(MODELS[name] or {}),
             **overrides,
+            **(baseline_budget(args) if name in BASELINES else {}),
         },
     )
 
 
-def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
-    """Where one training step's time goes (ms, mean over ``steps`` steps after one warm-up): building the
-    batch, the sequence encoder forward, the next-item head forward (queries, item vectors, softmax), backward,
-    and the optimizer step."""
-    import torch
-
-    from models.optimizers import make_optimizers
-    from models.sequential.objective import next_item_loss
-    from models.train import make_task
-
-    task = make_task(cfg, ws)
-    model = task.bundle.model.train()
-    _, opt = make_optimizers(model, cfg.optim, sparse_in_backward=False)
-    batches = task.epoch_batches(1)[: steps + 1]
-    phases = {"batch": [], "encoder": [], "head": [], "backward": [], "optimizer": []}
-    for i, users in enumerate(batches):
-        t0 = time.perf_counter()
-        batch = task.seqs.train_batch(users)
-        t1 = time.perf_counter()
-        states = model.sequence_states(batch.history, batch.user_id)
-        t2 = time.perf_counter()
-        loss = next_item_loss(_Cached(model, states), batch, task.loss_kind, cfg.next_item.num_negatives)
-        t3 = time.perf_counter()
-        opt.zero_grad()
-        loss.backward()
-        t4 = time.perf_counter()
-        opt.step()
-        t5 = time.perf_counter()
-        if i:  # the first step warms caches and allocators
-            for name, (a, b) in zip(phases, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)), strict=True):
-                phases[name].append(1000 * (b - a))
-    torch.set_grad_enabled(True)
-    return {f"{name}_ms": float(np.mean(v)) for name, v in phases.items()}
-
-
-class _Cached:
-    """The model with its encoder output precomputed, so the head's forward is timed on its own."""
-
-    def __init__(self, model, states):
-        self.model, self.states = model, states
-        self.num_items = model.num_items
-
-    def sequence_states(self, history, user_id):
-        return self.states
-
-    def query(self, states):
-        return self.model.query(states)
-
-    def item_vectors(self, ids=None):
-        return self.model.item_vectors(ids)
+def baseline_budget(args) -> dict[str, str]:
+    out = {}
+    if args.baseline_epochs:
+        out["optim.epochs"] = str(args.baseline_epochs)
+    if args.baseline_patience:
+        out["optim.patience"] = str(args.baseline_patience)
+    return out
 
 
 def run_seed(args, seed: int, overrides: dict[str, str]) -> dict[str, dict]:
@@ -205,13 +186,19 @@ def run_seed(args, seed: int, overrides: dict[str, str]) -> dict[str, dict]:
             continue
         rows[name] = popularity_row(cfg, ws) if MODELS[name] is None else trained_row(cfg, ws)
         m = rows[name]
-        print(
-            f"# seed {seed} {name:<16} test HR@10 {m['test_hr@10']:.4f} NDCG@10 {m['test_ndcg@10']:.4f} | "
-            f"full HR@10 {m['test_full_hr@10']:.4f} NDCG@10 {m['test_full_ndcg@10']:.4f} | "
-            f"{m.get('epochs', 0)} epochs, {m['seconds']:.0f} s",
-            flush=True,
+        cells = " | ".join(
+            f"{protocol} HR@10 {m[f'test_{p}hr@10']:.4f} NDCG@10 {m[f'test_{p}ndcg@10']:.4f}"
+            for protocol, p in PROTOCOLS.items()
         )
+        print(f"# seed {seed} {name:<16} {cells} | {epochs_note(m)}, {m['seconds']:.0f} s", flush=True)
     return rows
+
+
+def epochs_note(row: dict) -> str:
+    if "epoch_cap" not in row:
+        return "no training"
+    how = "stopped early" if row["stopped_early"] else "hit the cap"
+    return f"{row['epochs']}/{row['epoch_cap']} epochs, {how}"
 
 
 def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
@@ -230,9 +217,15 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
                 }
         for key in ("parameters", "epochs", "train_seconds", "eval_seconds", "seconds"):
             table[name][key] = float(np.mean([r[name].get(key, 0.0) for r in per_seed.values()]))
-    wins = {}
-    for baseline in ("sasrec", "sasrec_ce", "mean_pooling", "popularity"):
+        table[name]["epochs_per_seed"] = [r[name].get("epochs", 0) for r in per_seed.values()]
+        table[name]["epoch_cap"] = [r[name].get("epoch_cap", 0) for r in per_seed.values()]
+        table[name]["stopped_early_per_seed"] = [
+            r[name].get("stopped_early", True) for r in per_seed.values()
+        ]
+    wins, budgets = {}, {}
+    for baseline in (*BASELINES, "mean_pooling", "popularity"):
         if "gemflow" in names and baseline in names:
+            budgets[f"gemflow > {baseline}"] = budget_verdict(table["gemflow"], table[baseline])
             wins[f"gemflow > {baseline}"] = {
                 f"{protocol}_{metric}": all(
                     r["gemflow"][f"test_{prefix}{metric}"] > r[baseline][f"test_{prefix}{metric}"]
@@ -241,7 +234,22 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
                 for protocol, prefix in PROTOCOLS.items()
                 for metric in ("hr@10", "ndcg@10")
             }
-    return {"seeds": sorted(per_seed), "table": table, "every_seed": wins}
+    return {"seeds": sorted(per_seed), "table": table, "every_seed": wins, "budget": budgets}
+
+
+def budget_verdict(ours: dict, baseline: dict) -> str:
+    """How the compared runs were budgeted: never a comparison line without it."""
+    if baseline["epoch_cap"] == [0] * len(baseline["epoch_cap"]):
+        return "untrained baseline"
+    if all(baseline["stopped_early_per_seed"]):
+        return "baseline converged (stopped early on valid NDCG@10 in every seed)"
+    if ours["epochs_per_seed"] == baseline["epochs_per_seed"]:
+        return f"at equal epochs {baseline['epochs_per_seed']} (baseline NOT converged: it hit its cap)"
+    capped = [i for i, early in enumerate(baseline["stopped_early_per_seed"]) if not early]
+    return (
+        f"baseline NOT converged (hit its {baseline['epoch_cap'][0]}-epoch cap in seed index {capped}) and "
+        f"NOT at equal epochs (gemflow {ours['epochs_per_seed']}, baseline {baseline['epochs_per_seed']})"
+    )
 
 
 def markdown(summary: dict, title: str, command: str) -> str:
@@ -252,7 +260,7 @@ def markdown(summary: dict, title: str, command: str) -> str:
         f"`{command}`; seeds {seeds}, mean ± sample std over seeds, test split (each user's last item).",
         "",
     ]
-    for protocol, label in (("sampled", "1 positive + 99 sampled negatives"), ("full", "every item")):
+    for protocol, label in PROTOCOL_LABELS.items():
         lines += [f"**{label}**", "", "| model | " + " | ".join(m.upper() for m in METRICS) + " |"]
         lines.append("|---|" + "---:|" * len(METRICS))
         for name, row in summary["table"].items():
@@ -261,19 +269,25 @@ def markdown(summary: dict, title: str, command: str) -> str:
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += anchor_lines(title)
     lines += [
-        "| model | parameters | epochs | train s | eval s | wall s (train + eval) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| model | parameters | epochs run per seed / cap | stopped early per seed | train s | eval s | wall s |",
+        "|---|---:|---|---|---:|---:|---:|",
     ]
     for name, row in summary["table"].items():
+        trained = any(row["epoch_cap"])
+        epochs = f"{row['epochs_per_seed']} / {row['epoch_cap'][0]}" if trained else "—"
+        early = (
+            ", ".join("yes" if e else "NO (cap)" for e in row["stopped_early_per_seed"]) if trained else "—"
+        )
         lines.append(
-            f"| {name} | {row['parameters']:,.0f} | {row['epochs']:.1f} | {row['train_seconds']:.0f} | "
+            f"| {name} | {row['parameters']:,.0f} | {epochs} | {early} | {row['train_seconds']:.0f} | "
             f"{row['eval_seconds']:.0f} | {row['seconds']:.0f} |"
         )
     lines.append("")
     for label, checks in summary["every_seed"].items():
         held = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items())
-        lines.append(f"- {label} in every seed: {held}")
+        lines.append(f"- {label} in every seed ({summary['budget'][label]}): {held}")
     return "\n".join(lines) + "\n"
 
 
@@ -292,14 +306,16 @@ def plot(summary: dict, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(summary["table"])
-    panels = [("sampled", "hr@10"), ("sampled", "ndcg@10"), ("full", "hr@10"), ("full", "ndcg@10")]
+    panels = [("sampled", "hr@10"), ("sampled", "ndcg@10"), ("masked", "hr@10"), ("masked", "ndcg@10")]
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
     for ax, (protocol, metric) in zip(axes, panels, strict=True):
         stats = [summary["table"][n][f"{protocol}_{metric}"] for n in names]
         ax.bar(range(len(names)), [s["mean"] for s in stats], yerr=[s["std"] for s in stats], capsize=3,
                color=["#1f77b4" if n.startswith("gemflow") else "#999999" for n in names])  # fmt: skip
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-        ax.set_title(f"{metric.upper()} ({'99 sampled' if protocol == 'sampled' else 'all items'})")
+        ax.set_title(
+            f"{metric.upper()} ({'99 sampled' if protocol == 'sampled' else 'full, history masked'})"
+        )
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,6 +338,12 @@ def main() -> None:
         "--collect", action="store_true", help="train nothing: table the finished runs of the workspace"
     )
     p.add_argument("--profile", action="store_true", help="only time the phases of a training step per model")
+    p.add_argument(
+        "--baseline-epochs", type=int, default=0, help="epoch cap of the SASRec baselines (0: config's)"
+    )
+    p.add_argument(
+        "--baseline-patience", type=int, default=0, help="their early-stopping patience (0: the config's)"
+    )
     p.add_argument(
         "--merge",
         default="",

@@ -1,8 +1,8 @@
 """Evaluation of trained models: NE/AUC/calibration on a split, and leave-one-out ranking for positive-only
 logs (MovieLens-style: each user's last positive is the test item, the second-last the validation item).
 
-Leave-one-out: the held-out positive and ``num_negatives`` ads the user never interacted with (sampled with a
-fixed seed, so every model ranks the same lists) are scored against the user's history as of the positive;
+Leave-one-out (``models.leave_one_out``, the one protocol): the held-out positive and ``num_negatives`` ads the
+user never interacted with (the same fixed lists every command and bench ranks) are scored against the user's history as of the positive;
 HR@K, NDCG@K and MRR follow from the positive's rank. Every candidate, the positive included, takes its ad
 attributes from one per-ad table (each ad's last row in the train split), so the positive's own row leaks
 nothing. The user side is computed once per user and shared by its 1 + ``num_negatives`` candidates.
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from models.data import CANDIDATE_ID_FIELDS, BatchBuilder, Candidates, TrainingSet, leave_one_out_split
 from models.inference import ModelBundle, batches, embed_examples, load_bundle
+from models.leave_one_out import negative_lists
 from models.metrics import rank_metrics
 from models.transforms import lengths
 
@@ -36,26 +37,13 @@ class LooLists:
 
 
 def loo_lists(data: TrainingSet, split: str = "test", num_negatives: int = 99, seed: int = 0) -> LooLists:
-    """The candidate lists of the leave-one-out protocol for ``split`` ("test" or "valid")."""
-    labels = leave_one_out_split(data.examples)
-    rows = np.flatnonzero(labels == split)
+    """The candidate lists of the leave-one-out protocol for ``split`` ("test" or "valid"): the held-out
+    positive and ``models.leave_one_out.negative_lists`` (the lists every command and bench ranks)."""
     ex = data.examples
-    catalog = np.unique(ex["ad_id"].to_numpy())
-    if len(catalog) <= num_negatives:
-        raise ValueError(f"leave-one-out needs more than {num_negatives} ads, the set has {len(catalog)}")
-    rng = np.random.default_rng(seed)
-    items = np.empty((len(rows), 1 + num_negatives), np.int64)
-    user_rows = ex["user_row"].to_numpy()
-    for i, row in enumerate(rows):
-        u = user_rows[row]
-        seen = set(data.seq_values["ad_id"][data.seq_offsets[u] : data.seq_offsets[u + 1]].tolist())
-        seen |= set(ex.loc[ex["user_row"] == u, "ad_id"].tolist())
-        pool = catalog[~np.isin(catalog, list(seen))]
-        if len(pool) < num_negatives:
-            pool = catalog[catalog != ex["ad_id"].iat[row]]
-        items[i, 0] = ex["ad_id"].iat[row]
-        items[i, 1:] = rng.choice(pool, num_negatives, replace=False)
-    return LooLists(rows, items)
+    labels = leave_one_out_split(ex)
+    rows = np.flatnonzero((labels == split) & (ex["click"].to_numpy() > 0))
+    negatives = negative_lists(data, ex["user_row"].to_numpy(np.int64)[rows], num_negatives, seed)
+    return LooLists(rows, np.concatenate([ex["ad_id"].to_numpy(np.int64)[rows, None], negatives], 1))
 
 
 def ad_table(data: TrainingSet, builder: BatchBuilder) -> dict[int, int]:
@@ -153,7 +141,12 @@ def leave_one_out(
 ) -> dict[str, float]:  # fmt: skip
     lists = loo_lists(data, split, num_negatives, seed)
     scores = score_lists(bundle, data, builder, lists, scorer=scorer)
-    return rank_metrics(scores[:, 0], scores[:, 1:], ks)
+    return rank_metrics(_held_out(scores, lists), scores[:, 1:], ks)
+
+
+def _held_out(scores: np.ndarray, lists: LooLists) -> np.ndarray:
+    """The held-out item's scores; an item outside the vocabulary (-1) is a miss (``models.leave_one_out``)."""
+    return np.where(lists.items[:, 0] < 0, -np.inf, scores[:, 0])
 
 
 def popularity_leave_one_out(
@@ -170,7 +163,7 @@ def popularity_leave_one_out(
     train = (leave_one_out_split(ex) == "train") & (ex["click"].to_numpy() > 0)
     counts = ex.loc[train, "ad_id"].value_counts()
     scores = counts.reindex(lists.items.ravel()).fillna(0).to_numpy().reshape(lists.items.shape)
-    return rank_metrics(scores[:, 0], scores[:, 1:], ks)
+    return rank_metrics(_held_out(scores, lists), scores[:, 1:], ks)
 
 
 def load_for_evaluation(run_dir: str | Path, training_set: str | Path, fresh_as_of: str = "served"):

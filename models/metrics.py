@@ -70,23 +70,38 @@ def binary_metrics(labels, preds, prefix: str = "") -> dict[str, float]:
     }
 
 
-def rank_metrics(pos_scores, neg_scores, ks: tuple[int, ...] = (10,)) -> dict[str, float]:
-    """Leave-one-out ranking of 1 positive among its sampled negatives (one row per user).
+RANK_KS = (1, 5, 10)
 
-    rank = number of negatives scored >= the positive (ties count against the model, so a constant scorer
-    cannot look good). HR@K = P(rank < K); NDCG@K = mean 1/log2(rank + 2) over rank < K; MRR = mean 1/(rank+1).
-    """
+
+def ranks_to_metrics(rank, ks: tuple[int, ...] = RANK_KS, prefix: str = "") -> dict[str, float]:
+    """The metrics of leave-one-out ranks (``rank`` = how many competitors scored >= the positive; 0 = top).
+
+    HR@K = P(rank < K); NDCG@K = mean 1/log2(rank + 2) over rank < K (one relevant item, so no ideal-DCG
+    division); MRR = mean 1/(rank + 1). NaN when there are no users."""
+    rank = np.asarray(rank, np.float64).ravel()
+    if not len(rank):
+        return {f"{prefix}mrr": float("nan")} | {
+            f"{prefix}{m}@{k}": float("nan") for k in ks for m in ("hr", "ndcg")
+        }
+    out = {f"{prefix}mrr": float(np.mean(1.0 / (rank + 1)))}
+    for k in ks:
+        hit = rank < k
+        out[f"{prefix}hr@{k}"] = float(hit.mean())
+        out[f"{prefix}ndcg@{k}"] = float(np.where(hit, 1.0 / np.log2(rank + 2), 0.0).mean())
+    return out
+
+
+def rank_metrics(pos_scores, neg_scores, ks: tuple[int, ...] = (10,)) -> dict[str, float]:
+    """Leave-one-out ranking of 1 positive among its sampled negatives (one row per user): the metrics of
+    rank = number of negatives scored >= the positive (ties count against the model)."""
     pos = np.asarray(pos_scores, np.float64).ravel()
     neg = np.asarray(neg_scores, np.float64)
     if neg.ndim != 2 or neg.shape[0] != len(pos):
         raise ValueError(f"neg_scores must be (users, negatives) with {len(pos)} rows, got {neg.shape}")
-    rank = (neg >= pos[:, None]).sum(1)
-    out = {"mrr": float(np.mean(1.0 / (rank + 1))) if len(pos) else float("nan")}
-    for k in ks:
-        hit = rank < k
-        out[f"hr@{k}"] = float(hit.mean()) if len(pos) else float("nan")
-        out[f"ndcg@{k}"] = (
-            float(np.where(hit, 1.0 / np.log2(rank + 2), 0.0).mean()) if len(pos) else float("nan")
-        )
-    out["users"] = float(len(pos))
-    return out
+    return ranks_to_metrics(sampled_ranks(pos, neg), ks) | {"users": float(len(pos))}
+
+
+def sampled_ranks(pos, neg):
+    """(U,) how many of each row's negatives score >= its positive: ties count against the model, so a
+    constant scorer ranks last (numpy arrays or torch tensors)."""
+    return (neg >= pos[:, None]).sum(1)

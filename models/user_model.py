@@ -32,6 +32,7 @@ from models.layers import (
     segment_cumulative_mean,
     segment_mean,
 )
+from models.sampled_softmax import sampled_softmax_loss
 from models.sequential.data import ItemAttributes
 from models.tokenizer import GAP_TABLE, EventTokenizer, SparseArch, event_features, event_ids
 from models.transforms import lengths
@@ -224,10 +225,7 @@ class UserModel(nn.Module):
         target = history.ad_id[src + 1].clamp(0, table.shape[0] - 1)
         negatives = torch.randint(0, table.shape[0] - 1, (self.cfg.num_negatives,), device=states.device)
         h = l2_normalize(self.next_proj(states[src]))
-        pos = (h * l2_normalize(table[target])).sum(-1, keepdim=True)
-        neg = h @ l2_normalize(table[negatives]).T
-        neg = neg.masked_fill(
-            negatives[None] == target[:, None], float("-inf")
-        )  # a sampled positive is no negative
-        logits = torch.cat([pos, neg], 1) / 0.1
-        return F.cross_entropy(logits, torch.zeros(src.numel(), dtype=torch.long, device=states.device))
+        return sampled_softmax_loss(
+            h, l2_normalize(table[target]), l2_normalize(table[negatives]), target, negatives,
+            self.cfg.next_item_temperature,
+        )  # fmt: skip

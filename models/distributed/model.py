@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from models.data import Batch, Events
 from models.l2_normalize import l2_normalize
+from models.sampled_softmax import sampled_softmax_loss
 from models.tokenizer import SparseArch, event_ids
 from models.transforms import lengths
 from models.user_model import UserModel
@@ -143,13 +143,12 @@ class DenseTower(nn.Module):
             return states.new_zeros((), dtype=torch.float32)
         target, target_emb = history.ad_id[src + 1], hist_ad_emb[src + 1]
         h = l2_normalize(self.model.next_proj(states[src]).float())
-        pos = (h * l2_normalize(target_emb.float())).sum(-1, keepdim=True)
-        neg = h @ l2_normalize(negative_emb.float()).T
         size = self.model.sparse_sizes["ad_id"]
         target_row = torch.where((target >= 0) & (target < size), target, torch.full_like(target, size))
-        neg = neg.masked_fill(negatives[None] == target_row[:, None], float("-inf"))  # a sampled positive
-        logits = torch.cat([pos, neg], 1) / 0.1
-        return F.cross_entropy(logits, torch.zeros(src.numel(), dtype=torch.long, device=states.device))
+        return sampled_softmax_loss(
+            h, l2_normalize(target_emb.float()), l2_normalize(negative_emb.float()), target_row, negatives,
+            self.model.cfg.next_item_temperature,
+        )  # fmt: skip
 
 
 class _ScaleGrad(torch.autograd.Function):

@@ -181,6 +181,17 @@ class SequenceSet:
         rows = self.valid_rows if split == "valid" else self.test_rows
         return self.data.examples["ad_id"].to_numpy(np.int64)[rows]
 
+    def history_items(self, users: np.ndarray, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, values): every item ``users`` had before their ``split`` positive, whole history (the
+        items masked out of the full ranking)."""
+        rows = (self.valid_rows if split == "valid" else self.test_rows)[users]
+        d = self.data
+        start = d.seq_offsets[self.user_rows[users]]
+        cut = d.examples["cut"].to_numpy(np.int64)[rows]
+        offsets = np.r_[0, np.cumsum(cut)]
+        index = np.repeat(start - offsets[:-1], cut) + np.arange(offsets[-1])
+        return offsets, d.seq_values["ad_id"][index]
+
     def seen_items(self, user: int) -> np.ndarray:
         """Every ad in the user's whole history (the protocol's negatives are ads the user never touched)."""
         u = self.user_rows[user]

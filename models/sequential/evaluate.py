@@ -1,9 +1,7 @@
-"""Leave-one-out ranking of the held-out positive: among 99 sampled items, and among every item.
-
-Sampled: per user, ``num_negatives`` items the user never touched (anywhere in their history), drawn
-uniformly with a fixed seed, so every model ranks the same lists (the SASRec / S3-Rec protocol). Full: the
-held-out item against the whole catalog, nothing excluded. Ties count against the model (a constant scorer
-cannot look good). Metrics: HR@{1,5,10}, NDCG@{5,10}, MRR.
+"""Leave-one-out ranking of a next-item model's held-out positive under the protocol of
+``models.leave_one_out`` (stated there once): among the fixed sampled negatives, and against the whole
+training catalog with the user's history masked (``full_``, the published convention) and unmasked
+(``full_unmasked_``). Metrics: HR@{1,5,10}, NDCG@{1,5,10}, MRR (``models.metrics.ranks_to_metrics``).
 """
 
 from __future__ import annotations
@@ -13,40 +11,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from models.leave_one_out import full_ranks, history_mask, negative_lists, training_catalog
+from models.metrics import ranks_to_metrics, sampled_ranks
 from models.sequential.data import SequenceSet
 
-KS = (1, 5, 10)
 
-
-def negative_lists(seqs: SequenceSet, num_negatives: int = 99, seed: int = 0) -> np.ndarray:
-    """(users, num_negatives) items each user never touched; the same for every model (fixed seed)."""
-    catalog = np.unique(seqs.data.seq_values["ad_id"])
-    catalog = catalog[catalog >= 0]  # OOV (-1): ads the training period never saw are nobody's negative
-    if len(catalog) <= num_negatives:
-        raise ValueError(f"leave-one-out needs more than {num_negatives} items, the set has {len(catalog)}")
-    rng = np.random.default_rng(seed)
-    out = np.empty((seqs.num_users, num_negatives), np.int64)
-    for u in range(seqs.num_users):
-        seen = np.unique(seqs.seen_items(u))
-        picked = np.empty(0, np.int64)
-        while len(picked) < num_negatives:  # rejection sampling: users touch a tiny part of the catalog
-            draw = catalog[rng.integers(0, len(catalog), 2 * num_negatives)]
-            draw = np.unique(draw[~np.isin(draw, seen)])
-            picked = np.union1d(picked, draw) if len(picked) else draw
-        out[u] = rng.permutation(picked)[:num_negatives]
-    return out
-
-
-def ranks_to_metrics(rank: np.ndarray, prefix: str = "") -> dict[str, float]:
-    """``rank`` = how many candidates scored >= the positive (0 = top)."""
-    rank = np.asarray(rank, np.float64)
-    out = {f"{prefix}mrr": float(np.mean(1.0 / (rank + 1)))}
-    for k in KS:
-        hit = rank < k
-        out[f"{prefix}hr@{k}"] = float(hit.mean())
-        if k > 1:
-            out[f"{prefix}ndcg@{k}"] = float(np.where(hit, 1.0 / np.log2(rank + 2), 0.0).mean())
-    return out
+def sequence_negatives(seqs: SequenceSet, num_negatives: int = 99, seed: int = 0) -> np.ndarray:
+    """(users, num_negatives): the protocol's lists for the users of ``seqs``, in its user order."""
+    return negative_lists(seqs.data, seqs.user_rows, num_negatives, seed)
 
 
 def rank_split(
@@ -57,31 +29,44 @@ def rank_split(
     *,
     batch_users: int = 1024,
     prefix: str = "",
+    candidates: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Sampled and full-catalog metrics of ``score(users, split) -> (len(users), num_items)`` scores.
 
-    Keys: ``<prefix><metric>`` for the sampled protocol, ``<prefix>full_<metric>`` for full ranking."""
+    Keys: ``<prefix><metric>`` sampled, ``<prefix>full_<metric>`` full ranking with the user's history masked,
+    ``<prefix>full_unmasked_<metric>`` without. ``candidates`` (num_items,) bool: the training catalog (computed
+    from the set when None; pass it to save that work on every evaluation)."""
     targets = torch.from_numpy(seqs.targets(split))
     negatives = torch.from_numpy(negatives)
-    sampled, full = [], []
+    num_items = seqs.data.vocab["ad_id"]
+    if candidates is None:
+        candidates = catalog_mask(seqs)
+    sampled, masked, unmasked = [], [], []
     for start in range(0, seqs.num_users, batch_users):
         users = np.arange(start, min(start + batch_users, seqs.num_users))
         scores = score(users, split).float()
         target = targets[users]
-        # a held-out ad the training period never saw (OOV, -1) cannot be ranked by any model: a miss
-        unknown = target < 0
-        pos = scores.gather(1, target.clamp(min=0)[:, None])
-        sampled.append(
-            torch.where(unknown, negatives.shape[1], (scores.gather(1, negatives[users]) >= pos).sum(1))
-        )
-        full.append(
-            torch.where(unknown, scores.shape[1], (scores >= pos).sum(1) - 1)
-        )  # the target: no competitor
+        known = (target >= 0) & (target < scores.shape[1])
+        target = target.clamp(0, scores.shape[1] - 1)
+        pos = scores.gather(1, target[:, None])[:, 0].masked_fill(~known, -torch.inf)  # never trained: a miss
+        sampled.append(sampled_ranks(pos, scores.gather(1, negatives[users])))
+        history = history_mask(*seqs.history_items(users, split), num_items)
+        m, u = full_ranks(scores, target, pos, candidates[: scores.shape[1]], history[:, : scores.shape[1]])
+        masked.append(m)
+        unmasked.append(u)
     return {
-        **ranks_to_metrics(torch.cat(sampled).numpy(), prefix),
-        **ranks_to_metrics(torch.cat(full).numpy(), f"{prefix}full_"),
+        **ranks_to_metrics(torch.cat(sampled).numpy(), prefix=prefix),
+        **ranks_to_metrics(torch.cat(masked).numpy(), prefix=f"{prefix}full_"),
+        **ranks_to_metrics(torch.cat(unmasked).numpy(), prefix=f"{prefix}full_unmasked_"),
         f"{prefix}users": float(seqs.num_users),
     }
+
+
+def catalog_mask(seqs: SequenceSet) -> torch.Tensor:
+    """(num_items,) True for the ads of the training catalog (the full ranking's candidates)."""
+    mask = torch.zeros(seqs.data.vocab["ad_id"], dtype=torch.bool)
+    mask[torch.from_numpy(training_catalog(seqs.data))] = True
+    return mask
 
 
 def popularity_scorer(seqs: SequenceSet) -> Callable[[np.ndarray, str], torch.Tensor]:
@@ -119,5 +104,5 @@ def next_item_metrics(bundle, data, split: str = "test", num_negatives: int = 99
     max_len = cfg.max_len if bundle.kind == "sasrec" else cfg.max_history
     seqs = SequenceSet(data, max_len, getattr(cfg, "time_buckets", 0))
     return rank_split(
-        model_scorer(bundle.model.eval(), seqs), seqs, split, negative_lists(seqs, num_negatives, seed)
+        model_scorer(bundle.model.eval(), seqs), seqs, split, sequence_negatives(seqs, num_negatives, seed)
     )

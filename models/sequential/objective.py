@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from models.config import NEXT_ITEM_LOSSES, NextItemConfig
+from models.sampled_softmax import sampled_softmax_loss
 from models.sequential.data import TrainPairs
 
 
@@ -36,9 +37,10 @@ def next_item_loss(model, batch: TrainPairs, loss: str, num_negatives: int) -> t
     catalog = model.num_items
     if loss == "sampled":
         negatives = torch.randint(0, catalog, (num_negatives,), device=query.device)
-        pos = (query * model.item_vectors(targets)).sum(-1, keepdim=True)
-        neg = (query @ model.item_vectors(negatives).T).masked_fill(negatives[None] == targets[:, None], -1e9)
-        return F.cross_entropy(torch.cat([pos, neg], 1), torch.zeros_like(targets))
+        # the query already carries the model's temperature (the user model's cosine / temperature)
+        return sampled_softmax_loss(
+            query, model.item_vectors(targets), model.item_vectors(negatives), targets, negatives
+        )
     if loss == "bce":
         negatives = torch.randint(0, catalog, targets.shape, device=query.device)
         pos = (query * model.item_vectors(targets)).sum(-1)

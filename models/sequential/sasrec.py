@@ -3,7 +3,8 @@
 Faithful to the paper: item embeddings shared by input and output, learned absolute positions over the last
 ``max_len`` items (left-padded), ``num_blocks`` causal self-attention blocks whose residual adds to the
 *normalized* query (the paper's ``Q = LN(x)``, ``x = Q + MHA(Q, x, x)``), a point-wise two-layer FFN (ReLU),
-dropout on embeddings, attention and FFN, and a final layer norm; the score of item i after position t is
+dropout on embeddings, attention and FFN (``FastDropout`` on embeddings and FFN: a quarter of a CPU step was
+``nn.Dropout``'s random numbers), and a final layer norm; the score of item i after position t is
 ``<F_t, M_i>``. The loss is the trainer's (``next_item.loss``): ``bce`` is the paper's (one sampled negative
 per position), ``full`` the softmax cross-entropy that later work found far stronger for the same network.
 
@@ -13,25 +14,52 @@ It reads the same jagged ``Events`` as the user model (only ``ad_id``; no time, 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.config import SASRecConfig
 from models.data import Events
+from models.fast_dropout import FastDropout
+
+
+class SASRecAttention(nn.Module):
+    """``nn.MultiheadAttention(d, heads, dropout, batch_first=True)`` with the same parameters (and state dict
+    keys), taking one additive (B, 1, T, T) mask shared by the heads straight to
+    ``F.scaled_dot_product_attention`` (the module form expands a per-example mask to every head and converts it
+    on every call)."""
+
+    def __init__(self, d: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
+        self.out_proj = nn.Linear(d, d)
+        nn.init.xavier_uniform_(self.in_proj_weight)  # as nn.MultiheadAttention initializes them
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, query: torch.Tensor, source: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = query.shape
+        w, bias = self.in_proj_weight, self.in_proj_bias
+        q = F.linear(query, w[:d], bias[:d])
+        k, v = F.linear(source, w[d:], bias[d:]).chunk(2, -1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, mask, self.dropout if self.training else 0.0)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
 class SASRecBlock(nn.Module):
     def __init__(self, d: int, heads: int, dropout: float):
         super().__init__()
         self.attn_norm = nn.LayerNorm(d, eps=1e-8)
-        self.attn = nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True)
+        self.attn = SASRecAttention(d, heads, dropout)
         self.ffn_norm = nn.LayerNorm(d, eps=1e-8)
         self.ffn = nn.Sequential(
-            nn.Linear(d, d), nn.Dropout(dropout), nn.ReLU(), nn.Linear(d, d), nn.Dropout(dropout)
+            nn.Linear(d, d), FastDropout(dropout), nn.ReLU(), nn.Linear(d, d), FastDropout(dropout)
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         q = self.attn_norm(x)
-        x = q + self.attn(q, x, x, attn_mask=mask, need_weights=False)[0]
+        x = q + self.attn(q, x, mask)
         y = self.ffn_norm(x)
         x = y + self.ffn(y)
         return x.masked_fill(pad[..., None], 0.0)
@@ -45,7 +73,7 @@ class SASRec(nn.Module):
         self.pad_id = self.num_items  # the extra row: padding (and ids outside the vocabulary)
         self.items = nn.Embedding(self.num_items + 1, cfg.d_model, padding_idx=self.pad_id)
         self.positions = nn.Embedding(cfg.max_len, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = FastDropout(cfg.dropout)
         self.blocks = nn.ModuleList(
             SASRecBlock(cfg.d_model, cfg.num_heads, cfg.dropout) for _ in range(cfg.num_blocks)
         )
@@ -66,14 +94,16 @@ class SASRec(nn.Module):
         src = end[:, None] - t + col[None]  # flat index of column c
         valid = col[None] >= (t - lengths)[:, None]
         ids = torch.where(valid, history.ad_id[src.clamp(min=0)], torch.full_like(src, self.pad_id))
-        ids = ids.clamp(max=self.pad_id)
+        ids = torch.where((ids >= 0) & (ids < self.num_items), ids, self.pad_id)  # out of the vocabulary (-1)
         x = self.items(ids) * self.cfg.d_model**0.5 + self.positions(col + self.cfg.max_len - t)[None]
         pad = ~valid
         x = self.drop(x).masked_fill(pad[..., None], 0.0)
         # True = masked: later positions and padding keys; every position sees itself (a padding row would
         # otherwise have no key at all, and its NaN would reach the gradients)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)[None] | pad[:, None, :]
-        mask = (mask & ~torch.eye(t, dtype=torch.bool)).repeat_interleave(self.cfg.num_heads, 0)
+        blocked = (torch.ones(t, t, dtype=torch.bool).triu(1)[None] | pad[:, None, :]) & ~torch.eye(
+            t, dtype=torch.bool
+        )
+        mask = torch.zeros(b, 1, t, t).masked_fill_(blocked[:, None], -torch.inf)  # one mask for every head
         for block in self.blocks:
             x = block(x, mask, pad)
         x = self.norm(x)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from models.data import TrainingSet
+from models.metrics import ranks_to_metrics
 from models.sequential.data import SequenceSet
-from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split, ranks_to_metrics
+from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +27,15 @@ def test_metric_formulas():
 
 
 def test_negative_lists_are_fixed_and_never_touched(seqs):
-    first = negative_lists(seqs, 20, seed=3)
-    assert np.array_equal(first, negative_lists(seqs, 20, seed=3))
-    assert not np.array_equal(first, negative_lists(seqs, 20, seed=4))
+    first = sequence_negatives(seqs, 20, seed=3)
+    assert np.array_equal(first, sequence_negatives(seqs, 20, seed=3))
+    assert not np.array_equal(first, sequence_negatives(seqs, 20, seed=4))
     for u in range(seqs.num_users):
         assert len(set(first[u])) == 20 and not set(first[u]) & set(seqs.seen_items(u).tolist())
 
 
 def test_oracle_ranks_first_and_a_constant_scorer_last(seqs):
-    negatives = negative_lists(seqs, 20, seed=0)
+    negatives = sequence_negatives(seqs, 20, seed=0)
     num_items = seqs.data.vocab["ad_id"]
 
     def oracle(users, split):

@@ -3,6 +3,8 @@ batch-width invariance, and the losses against hand-computed references."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -116,6 +118,18 @@ def test_item_side_reads_every_attribute(seqs):
     attrs = items.values[items.offsets[ad] : items.offsets[ad + 1]]
     expected = model.attributes.weight[attrs].mean(0)
     assert torch.allclose(model.attribute_tokens(torch.tensor([ad]))[0], expected, atol=1e-6)
+
+
+def test_sasrec_reads_an_item_outside_the_vocabulary_as_its_padding_row(seqs):
+    # a test history holds the valid item, which may be an id never trained (-1)
+    model = _models(seqs)["sasrec"]
+    history, user_id = seqs.eval_history(np.arange(3), "test")
+    oov = dataclasses.replace(history, ad_id=history.ad_id.clone())
+    oov.ad_id[0] = -1
+    padding = dataclasses.replace(history, ad_id=history.ad_id.clone())
+    padding.ad_id[0] = model.pad_id
+    with torch.no_grad():
+        assert torch.equal(model.sequence_states(oov, user_id), model.sequence_states(padding, user_id))
 
 
 def test_sasrec_states_do_not_depend_on_the_batch_width(seqs):

@@ -51,10 +51,15 @@ def test_order_only_log_to_the_table(tmp_path):
     assert set(summary["table"]) == {"popularity", "sasrec", "gemflow"}
     gem, pop = summary["table"]["gemflow"], summary["table"]["popularity"]
     assert gem["sampled_hr@10"]["mean"] > pop["sampled_hr@10"]["mean"] + 0.3
-    assert summary["every_seed"]["gemflow > popularity"]["full_ndcg@10"]
+    # full ranking both ways: the user's history masked (the published convention) and unmasked
+    assert summary["every_seed"]["gemflow > popularity"]["masked_ndcg@10"]
+    assert summary["every_seed"]["gemflow > popularity"]["unmasked_ndcg@10"]
+    assert gem["epochs_per_seed"] and summary["table"]["sasrec"]["epoch_cap"] == [gem["epoch_cap"][0]]
     doc = (tmp_path / "results.md").read_text()
     assert (
         "<!-- sequential:loo -->" in doc
         and "| gemflow |" in doc
+        and "history masked" in doc
+        and "gemflow > sasrec in every seed (" in doc  # every comparison names its budget
         and (tmp_path / "img" / "sequential-loo.png").exists()
     )

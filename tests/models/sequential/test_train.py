@@ -12,7 +12,7 @@ from models.config import TrainRunConfig
 from models.data import TrainingSet
 from models.inference import load_bundle
 from models.sequential.data import SequenceSet
-from models.sequential.evaluate import negative_lists, popularity_scorer, rank_split
+from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
 from models.train import train
 
 BASE = {
@@ -40,7 +40,7 @@ def _train(ws, name, tmp_path, **overrides):
 
 def _popularity(ws, name) -> dict:
     seqs = SequenceSet(TrainingSet(ws.training(name)), 1, 0)
-    return rank_split(popularity_scorer(seqs), seqs, "test", negative_lists(seqs, 20, 0), prefix="test_")
+    return rank_split(popularity_scorer(seqs), seqs, "test", sequence_negatives(seqs, 20, 0), prefix="test_")
 
 
 def test_user_model_learns_next_items_and_exports_its_best_epoch(loo_set, tmp_path):

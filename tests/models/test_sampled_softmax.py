@@ -1,0 +1,42 @@
+"""The one next-item sampled softmax: its formula by hand, and the user model's next-event loss reads the
+configured temperature."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from models.data import BatchBuilder
+from models.sampled_softmax import sampled_softmax_loss
+from models.user_model import UserModel
+from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
+
+
+def test_formula_by_hand_with_temperature_and_a_masked_collision():
+    query = torch.tensor([[1.0, 0.0]])
+    target = torch.tensor([[1.0, 0.0]])
+    negatives = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # the second is the target itself (id 3): masked
+    loss = sampled_softmax_loss(query, target, negatives, torch.tensor([3]), torch.tensor([5, 3]), 0.5)
+    # logits [1, 0] / 0.5 -> -log(e^2 / (e^2 + 1))
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-2.0)), rel=1e-6)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        sampled_softmax_loss(query, target, negatives, torch.tensor([3]), torch.tensor([5, 3]), 0.0)
+
+
+def test_user_model_next_event_loss_uses_the_configured_temperature():
+    builder = BatchBuilder(tiny_set(), tiny_dense(), history_len=8, time_buckets=16, gap_to="previous")
+    batch = builder(np.arange(10))
+    losses = []
+    for temperature in (0.05, 0.5):
+        torch.manual_seed(0)
+        model = UserModel(
+            tiny_user_config(next_item_temperature=temperature), tiny_set().vocab, len(tiny_dense().columns)
+        ).eval()
+        states, _ = model.history_states(batch.history, batch.profile.user_id)
+        torch.manual_seed(1)  # the same sampled negatives for both
+        losses.append(model.next_event_loss(states, batch.history).item())
+    # one model, two temperatures: the same cosines scaled differently give different losses
+    assert losses[0] != pytest.approx(losses[1], rel=1e-3)
