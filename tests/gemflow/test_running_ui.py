@@ -36,7 +36,7 @@ def platform_mlflow(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     platform = Platform(Workspace(tmp_path / "platform-ws"), PlatformConfig(mlflow_port=free_port()))
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    svc = platform._spawn("mlflow", platform.mlflow_command(server_command), env, platform.mlflow_url)
+    svc = platform._start("mlflow", platform.mlflow_command(server_command), env, platform.mlflow_url)
     platform._write_state({"marker": uuid.uuid4().hex, "config": {}, "services": [svc.__dict__]})
     try:
         deadline = time.monotonic() + 120

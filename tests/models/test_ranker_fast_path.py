@@ -126,7 +126,9 @@ def test_one_request_in_batches_equals_one_call():
             )
             for lo, hi in ((0, 10), (10, 25))
         ]
-    torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-6)
+    # equal up to fp32 rounding: on AVX-512 (AMD EPYC, family 25 model 17) the GEMMs of 10, 15 and 25 rows take
+    # kernels that sum in different orders (measured 1.01e-6 absolute, 2.1e-6 relative on scores of ~0.5)
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-6)
 
 
 def test_the_one_user_path_adds_nothing_to_the_state_dict():

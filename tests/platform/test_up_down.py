@@ -2,8 +2,8 @@
 fault cases -> ``gemflow down`` leaves nothing.
 
 The real platform on the tiny embedded config (``configs/embedded-tiny-platform.yaml``), on free ports: the land
-DAG backfills three days, each ingest waits for its day, the trigger rule trains the user model once (on the
-third day's event), the register gate promotes it, the refresh publishes embeddings, the ranker DAG trains,
+DAG backfills ``backfill_days`` days, each ingest waits for its day, the trigger rule trains the user model once
+(on the last day's event), the register gate promotes it, the refresh publishes embeddings, the ranker DAG trains,
 registers and gates the ranker, and the deploy DAG serves the version its event names. Every service listens on
 127.0.0.1 only; after ``down`` no process carrying the platform's marker is left, and every port is free again.
 """
@@ -95,7 +95,8 @@ def test_up_runs_the_pipeline_by_itself_and_down_leaves_nothing(tmp_path: Path):
         runs = api.runs()
         assert {r["dag_id"] for r in runs} >= set(CHAIN)
         assert all(r["run_type"] in ("scheduled", "asset_triggered") for r in runs)  # nothing by hand
-        assert len([r for r in runs if r["dag_id"] == "gemflow_land" and r["state"] == "success"]) == 3
+        days = state["config"]["backfill_days"]  # 4: the second train day joins the first day's ad counters
+        assert len([r for r in runs if r["dag_id"] == "gemflow_land" and r["state"] == "success"]) == days
         trained = [r for r in runs if r["dag_id"] == "gemflow_train"]
         ran = [
             r
