@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements/project.lock pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q --no-deps -r requirements/project.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
-	$(VENV)/bin/python -m models.native  # gemflow's C++ kernels, built once (~15 s)
+	$(VENV)/bin/python -m models.inference.native  # gemflow's C++ kernels, built once (~15 s)
 	touch $@
 
 # Airflow environment: apache-airflow 3 + cncf.kubernetes; it calls the project CLI in $(VENV).

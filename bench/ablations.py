@@ -67,9 +67,9 @@ def run(args, seed: int, subdir: str = "") -> dict:
     """Every requested variant (and the leave-one-out rows) for one seed; run folders under
     ``<workspace>/ablations/<subdir>``."""
     from models.config import TrainRunConfig
-    from models.inference import load_bundle
-    from models.prepare import user_tokens_per_example
-    from models.train import train
+    from models.inference.bundle import load_bundle
+    from models.training.prepare import user_tokens_per_example
+    from models.training.train import train
 
     ws = Workspace(Path(args.workspace).resolve())
     training_set = args.training_set
@@ -110,8 +110,8 @@ def run(args, seed: int, subdir: str = "") -> dict:
         )
         return result
 
-    from models.data import TrainingSet
-    from models.prepare import resolve_training_set
+    from models.training.data import TrainingSet
+    from models.training.prepare import resolve_training_set
 
     data = TrainingSet(resolve_training_set(training_set, ws))
     variants = [v for v in args.variants.split(",") if v]  # "" with --loo: the leave-one-out rows only
@@ -145,7 +145,7 @@ def run(args, seed: int, subdir: str = "") -> dict:
 
     loo = {}
     if args.loo:
-        from models.evaluate import leave_one_out, load_for_evaluation, popularity_leave_one_out
+        from models.training.evaluate import leave_one_out, load_for_evaluation, popularity_leave_one_out
 
         # the click-trained user model ranked by its heads, as this table always did; the next-item
         # objective and its baselines are bench/sequential.py's table
@@ -175,7 +175,7 @@ def embed_flops_per_user(bundle, data, users: int = 256) -> float:
     import numpy as np
     import torch
 
-    from models.distributed.mfu import counted_flops
+    from models.training.distributed.mfu import counted_flops
 
     cfg = bundle.cfg
     rows = np.random.default_rng(0).permutation(len(data.examples))[:users]
@@ -187,8 +187,8 @@ def embed_flops_per_user(bundle, data, users: int = 256) -> float:
 
 def user_model_metrics(bundle, data) -> dict[str, float]:
     """The user model's own click/conversion head on ``data``'s valid and test splits."""
-    from models.data import BatchBuilder
-    from models.train import evaluate_rows
+    from models.training.data import BatchBuilder
+    from models.training.train import evaluate_rows
 
     cfg = bundle.cfg
     builder = BatchBuilder(

@@ -1,4 +1,4 @@
-"""Eager vs compiled dense tower (``models.compile``), side by side in one process: CPU ms per training step.
+"""Eager vs compiled dense tower (``models.inference.compile``), side by side in one process: CPU ms per training step.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/compile_tower.py [--d-model 256] [--layers 2] [--tokens 8192]
 
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from report import add_record_flag, record  # noqa: E402
 
-from models.compile import compile_dense, compile_seconds  # noqa: E402
-from models.layers import TargetAwareBlock, TransformerBlock  # noqa: E402
+from models.architectures.layers import TargetAwareBlock, TransformerBlock  # noqa: E402
+from models.inference.compile import compile_dense, compile_seconds  # noqa: E402
 
 
 class Tower(torch.nn.Module):

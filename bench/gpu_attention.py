@@ -14,8 +14,8 @@ One prepared, unattended run (needs CUDA and Triton; exits 1 without them):
    FlexAttention on the same jagged batch, packed, bias as a ``score_mod`` (``models.attention.flex``: issue 40
    asks whether the library can replace our kernels). ``TF/s`` counts the useful
    (jagged) work for both, so the two columns compare directly; ``sdpa raw`` counts the padded work SDPA did;
-3. if ``models.user_model`` is present: one training step (fwd + bwd + AdamW, bf16 autocast) of the user
-   model's encoder stack (``models.layers.TransformerBlock``, the layers that call the attention dispatcher;
+3. if ``models.architectures.user_model`` is present: one training step (fwd + bwd + AdamW, bf16 autocast) of the user
+   model's encoder stack (``models.architectures.layers.TransformerBlock``, the layers that call the attention dispatcher;
    the whole model also needs torchrec, which GPU images lack) with backend ``triton`` vs ``padded_sdpa`` (pad +
    bias/mask folded into one ``attn_mask`` + SDPA, the padded pipeline the issue's 1.5x goal is set against),
    ``jagged`` and ``reference``; skipped with a message when those modules are absent or fail.
@@ -365,14 +365,14 @@ def print_rows(rows: list[Row], header: bool = True) -> None:
 
 def user_model_step(plan: Plan) -> list[dict]:
     """One training step of the user model's encoder stack per attention backend; [] when unavailable."""
-    if importlib.util.find_spec("models.user_model") is None:
-        print("user-model step: skipped (models.user_model is not in this checkout)")
+    if importlib.util.find_spec("models.architectures.user_model") is None:
+        print("user-model step: skipped (models.architectures.user_model is not in this checkout)")
         return []
     try:
         from torch import nn
 
+        from models.architectures.layers import TransformerBlock
         from models.config import UserModelConfig
-        from models.layers import TransformerBlock
     except Exception as exc:
         print(f"user-model step: skipped ({type(exc).__name__}: {exc})")
         return []

@@ -7,12 +7,12 @@
 # - full: torchrec + deepspeed + torchao importable -> the real `gemflow train --model user --nproc 1` (NCCL
 #   backend, DeepSpeed bf16 (ZeRO stage auto: 0 for this tower), torchrec embeddings) on a generated learnable training set, bf16 then FP8
 #   (torchao tensorwise), reading each run's perf.json (MFU vs the measured bf16 GEMM peak) and metrics.json (NE);
-# - degraded (the stock GPU image: torch + triton only): the dense tower alone (models.layers transformer blocks
+# - degraded (the stock GPU image: torch + triton only): the dense tower alone (models.architectures.layers transformer blocks
 #   over jagged histories, the same FFN/attention Linears FP8 converts) trained on a planted synthetic task,
 #   bf16 vs FP8 (torchao's tensorwise recipe when torchao is importable, else the same recipe on
-#   torch._scaled_mm: models.distributed.fp8.ScaledMMLinear), MFU vs the measured bf16 GEMM peak, NE on held-out
+#   torch._scaled_mm: models.training.distributed.fp8.ScaledMMLinear), MFU vs the measured bf16 GEMM peak, NE on held-out
 #   data, and the goals checked: MFU >= 35% in bf16, FP8 >= 1.3x bf16 tokens/s, NE within 1%.
-# Both paths also run bf16 with the dense tower's per-token work compiled (models.compile: torch.compile,
+# Both paths also run bf16 with the dense tower's per-token work compiled (models.inference.compile: torch.compile,
 # inductor/Triton; attention stays on its own kernels) and print MFU eager vs compiled, plus the compile time.
 # Inductor's cache goes to $OUT/inductor-cache (a second run of this script reuses it).
 # Works with the GPU image's older torch (2.11: only torch, numpy and triton are needed on the degraded path).
@@ -104,8 +104,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from models.layers import TransformerBlock, segment_mean
-from models.metrics import normalized_entropy
+from models.architectures.layers import TransformerBlock, segment_mean
+from models.training.metrics import normalized_entropy
 
 out, peak = Path(sys.argv[1]), float(sys.argv[2]) * 1e12
 torch.manual_seed(0)
@@ -146,7 +146,7 @@ FP8 = "fp8-torchao" if importlib.util.find_spec("torchao") else "fp8-scaled_mm"
 print(f"FP8 path: {FP8} ({'torchao tensorwise' if FP8 == 'fp8-torchao' else 'no torchao: torch._scaled_mm, the same tensorwise recipe'})")
 def in_blocks(m, n):
     return n.startswith("blocks.") and m.in_features % 16 == 0 and m.out_features % 16 == 0
-from models.compile import compile_dense
+from models.inference.compile import compile_dense
 for recipe in ("bf16", FP8, "bf16-compiled"):
     for backend in ("triton", "jagged"):
         try:
@@ -159,7 +159,7 @@ for recipe in ("bf16", FP8, "bf16-compiled"):
                 convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"),
                                            module_filter_fn=in_blocks)
             elif recipe == "fp8-scaled_mm":
-                from models.distributed.fp8 import convert_to_scaled_mm
+                from models.training.distributed.fp8 import convert_to_scaled_mm
                 convert_to_scaled_mm(model, in_blocks)
             model = model.to(torch.bfloat16)
             opt = torch.optim.AdamW(model.parameters(), lr=3e-4)

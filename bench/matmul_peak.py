@@ -18,7 +18,7 @@ import os
 import torch
 from report import add_record_flag, record
 
-from models.distributed.mfu import measure_matmul_peak
+from models.training.distributed.mfu import measure_matmul_peak
 
 
 def main() -> None:

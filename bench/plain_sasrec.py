@@ -69,8 +69,8 @@ class PlainSASRec(nn.Module):
 
 def train_sequences(path: Path, max_len: int) -> tuple[list[np.ndarray], int]:
     """Each user's history up to the valid item, the last ``max_len + 1`` items (ids shifted by 1: 0 pads)."""
-    from models.data import TrainingSet
     from models.sequential.data import SequenceSet
+    from models.training.data import TrainingSet
 
     seqs = SequenceSet(TrainingSet(path), max_len, 0)
     d = seqs.data
@@ -134,7 +134,7 @@ def main() -> None:
     from gemflow.config import load_config
     from gemflow.workspace import Workspace
     from models.config import TrainRunConfig
-    from models.prepare import resolve_training_set
+    from models.training.prepare import resolve_training_set
 
     ws = Workspace(Path(args.workspace).resolve())
     path = resolve_training_set(args.training_set, ws)

@@ -3,7 +3,7 @@
 MFU = model FLOPs x batches / wall time / peak of the dtype the refresh ran in; the peak is a square GEMM
 measured in this same run (fp32 and bf16, same threads). Model FLOPs (``encode_flops``) are the matmuls of the
 encoder on each history's own length (2 per multiply-add; attention over the full length x length square, the
-convention of ``models.distributed.mfu``), never bucket padding; the ``counted`` column is the ratio of what
+convention of ``models.training.distributed.mfu``), never bucket padding; the ``counted`` column is the ratio of what
 ``FlopCounterMode`` sees the kernels compute to that figure (1.00: no padding, nothing left out).
 ``cpu s/batch`` is the process's CPU time (user + system, all threads) per batch: on a shared machine it moves
 far less with the others' load than wall time, so compare it across versions.
@@ -26,9 +26,9 @@ import os
 import resource
 import time
 
-from models.malloc import huge_pages
+from gemflow.malloc import huge_pages
 
-huge_pages()  # before torch is imported (models.malloc); THP_MEM_ALLOC_ENABLE=0 compares
+huge_pages()  # before torch is imported (gemflow.malloc); THP_MEM_ALLOC_ENABLE=0 compares
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -36,11 +36,11 @@ from report import add_record_flag, record  # noqa: E402
 
 from features.schema import ACTIONS, SURFACES  # noqa: E402
 from models.config import UserModelConfig  # noqa: E402
-from models.data import DenseSpec  # noqa: E402
-from models.distributed.mfu import counted_flops, measure_matmul_peak  # noqa: E402
 from models.embeddings.batching import token_budget_batches  # noqa: E402
 from models.embeddings.refresh import RefreshConfig, UserSequences, encode_parallel, encode_sequences  # noqa: E402
-from models.inference import ModelBundle, build_model  # noqa: E402
+from models.inference.bundle import ModelBundle, build_model  # noqa: E402
+from models.training.data import DenseSpec  # noqa: E402
+from models.training.distributed.mfu import counted_flops, measure_matmul_peak  # noqa: E402
 
 VOCAB = {"ad_id": 50_000, "advertiser_id": 2_000, "category_id": 300, "action": len(ACTIONS),
          "surface": len(SURFACES), "user_id": 100_000, "gender": 3, "country": 50}  # fmt: skip

@@ -173,10 +173,10 @@ def sequential(args) -> list[tuple[str, str]]:
     import torch
 
     from gemflow.workspace import Workspace
-    from models.data import TrainingSet
     from models.embeddings.ad_vectors import user_queries
-    from models.inference import load_bundle
+    from models.inference.bundle import load_bundle
     from models.sequential.data import SequenceSet
+    from models.training.data import TrainingSet
 
     torch.set_num_threads(args.build_threads)
     bundle = load_bundle(args.run)

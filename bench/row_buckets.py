@@ -4,7 +4,7 @@
 
 Each step draws a row count within +-10% of ``--rows`` (as the distributed trainer's token count moves from step
 to step) and runs the forward and backward of the dense tower's linear shapes (d -> 3d, d -> 4d, 4d -> d) with
-``nn.Linear`` and with ``models.row_buckets.RowBucketedLinear``, alternating. Prints CPU ms per step (median
+``nn.Linear`` and with ``models.inference.row_buckets.RowBucketedLinear``, alternating. Prints CPU ms per step (median
 after ``--warmup`` steps) and the distinct GEMM row counts each one met: oneDNN compiles and caches a kernel per
 GEMM shape, so the plain layers pay a compile on most steps.
 """
@@ -20,7 +20,7 @@ import torch
 from report import add_record_flag, record
 from torch import nn
 
-from models.row_buckets import bucket_linear_rows, bucket_rows
+from models.inference.row_buckets import bucket_linear_rows, bucket_rows
 
 
 def main() -> None:

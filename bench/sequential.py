@@ -3,7 +3,7 @@
     .venv/bin/python bench/sequential.py --workspace /tmp/toys --training-set toys --seeds 0,1,2 \
         --docs docs/model-results-sequential.md
 
-Every model trains through ``gemflow train`` (``models.train.train``) on the same leave-one-out split and is
+Every model trains through ``gemflow train`` (``models.training.train.train``) on the same leave-one-out split and is
 ranked on the same lists (``next_item.eval_seed``: 99 items the user never touched, sampled once) and against
 the whole catalog:
 
@@ -20,7 +20,7 @@ the whole catalog:
 
 The base config is ``configs/sequential.yaml``; ``--set`` overrides apply to every trained model, and
 ``--baseline-epochs`` / ``--baseline-patience`` give the SASRec baselines their own budget (early stopping on
-valid NDCG@10, sampled lists). The table states the protocol of every row (``models.leave_one_out``): sampled,
+valid NDCG@10, sampled lists). The table states the protocol of every row (``models.training.leave_one_out``): sampled,
 full ranking with the user's history masked (the published convention) and unmasked; per model the epochs run
 in each seed and whether it stopped early or hit the cap; the published anchors of the set with their protocol
 (``bench/sequential_anchors.py``); and each "gemflow > baseline" line says whether the baseline converged or
@@ -78,10 +78,10 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 def popularity_row(cfg, ws: Workspace) -> dict:
     """Popularity on the same split and lists as the trained models."""
-    from models.data import TrainingSet
-    from models.prepare import resolve_training_set
     from models.sequential.data import SequenceSet
     from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
+    from models.training.data import TrainingSet
+    from models.training.prepare import resolve_training_set
 
     start = time.perf_counter()
     seqs = SequenceSet(TrainingSet(resolve_training_set(cfg.training_set, ws)), 1, 0)
@@ -91,7 +91,7 @@ def popularity_row(cfg, ws: Workspace) -> dict:
 
 
 def trained_row(cfg, ws: Workspace) -> dict:
-    from models.train import train
+    from models.training.train import train
 
     start, cpu = time.perf_counter(), time.process_time()
     result = train(cfg, ws)
@@ -107,7 +107,7 @@ def trained_row(cfg, ws: Workspace) -> dict:
 def run_row(run_dir: Path, epoch_cap: int) -> dict:
     """A finished run's row from its folder: test metrics, parameters, epochs (and whether it stopped before
     ``epoch_cap``) and their time."""
-    from models.inference import load_bundle
+    from models.inference.bundle import load_bundle
 
     history = json.loads((run_dir / "history.json").read_text())
     epochs = [h for h in history if "train_seconds" in h]

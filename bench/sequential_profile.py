@@ -15,9 +15,9 @@ def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
     and the optimizer step."""
     import torch
 
-    from models.optimizers import make_optimizers
     from models.sequential.objective import next_item_loss
-    from models.train import make_task
+    from models.training.optimizers import make_optimizers
+    from models.training.train import make_task
 
     task = make_task(cfg, ws)
     model = task.bundle.model.train()

@@ -7,7 +7,7 @@
        ``serving.scorer.score_shared``) against recomputing the user side for every candidate, both as a naive
        server would (one ``user_side`` + ``score`` call per candidate) and batched (the training-style forward
        over N (user, candidate) rows, ``score_recompute``);
-       the shared path is the TorchScript one-user path the server runs (``models.one_user``);
+       the shared path is the TorchScript one-user path the server runs (``models.inference.one_user``);
        ``--compile`` adds the shared-K/V scorer three ways: eager, ``Ranker.score`` compiled by inductor, and
        TorchScript (CPU ms per request; inductor measured earlier on a random-weight ranker of the bench world's
        shape, 2-core AMD EPYC under load: 0.68x at 100 candidates, 1.10x at 1,000, 1.13x at 5,000, and every new
@@ -218,8 +218,8 @@ def shared_vs_recompute(
 ) -> None:
     import torch
 
-    from models import one_user
-    from models.data import Candidates, Events, Profile
+    from models.inference import one_user
+    from models.training.data import Candidates, Events, Profile
     from serving import runtime
     from serving.model_source import load_served_model
     from serving.scorer import UserInputs, score_recompute, score_shared
@@ -303,8 +303,8 @@ def varied_counts(ranker, user, sizes, ints, vocab, served, requests: int = 400)
 
     import torch
 
-    from models import one_user
-    from models.data import Candidates
+    from models.inference import one_user
+    from models.training.data import Candidates
 
     print(
         f"   varied candidate counts ({requests} requests), scorer CPU ms per request over the last half, median / mean:"
@@ -337,13 +337,13 @@ def varied_counts(ranker, user, sizes, ints, vocab, served, requests: int = 400)
 def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:
     """The shared-K/V scorer three ways, CPU ms per request side by side: the eager one-user path, ``Ranker.score``
     compiled by inductor (dynamic candidate count), and the TorchScript one-user path the server runs
-    (``models.one_user``); the user side stays eager (once per request, a few small ops)."""
+    (``models.inference.one_user``); the user side stays eager (once per request, a few small ops)."""
     import torch
 
     from models.attention.dispatch import stop_compiles_at_boundaries
-    from models.compile import use_cache_dir
-    from models.data import Candidates
-    from models.one_user import OneUserScorer
+    from models.inference.compile import use_cache_dir
+    from models.inference.one_user import OneUserScorer
+    from models.training.data import Candidates
     from serving.scorer import score_shared
 
     use_cache_dir()

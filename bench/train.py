@@ -26,9 +26,9 @@ and its bf16 emulation, measured at launch; ``--fp8-cpu-gemm scaled_mm|emulated`
 Step account (``distributed.step_account``, on unless ``--no-account``): every rank profiles 4 steps (from
 ``--account-from``, default 4; later, e.g. ``--steps 30 --account-from 20``, is past the warm-up) and
 splits them into GEMM (the profiler's matmul kernels), attention, embedding lookups, optimizer, communication
-and other (``models.distributed.step_account``); printed per rank with the share of the step outside GEMMs.
+and other (``models.training.distributed.step_account``); printed per rank with the share of the step outside GEMMs.
 Those profiled steps are left out of the throughput figures.
-Compiled configurations (``distributed.compile=on``: ``models.compile``) run the same steps with the dense
+Compiled configurations (``distributed.compile=on``: ``models.inference.compile``) run the same steps with the dense
 tower's per-token work compiled by inductor; their first step (compile) is printed apart, and the NE of
 compiled vs eager at the same seed (goal: within 0.2%). ``--only`` picks configurations by name.
 Goals (issue 18): MFU >= 30% of the GEMM peak of the precision that ran, at d_model >= 256; scaling efficiency >= 0.85.
@@ -56,11 +56,11 @@ from report import add_record_flag, record  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
-from models.distributed.launch import launch  # noqa: E402
-from models.distributed.mfu import measure_matmul_peak  # noqa: E402
-from models.distributed.precision import dtype_of  # noqa: E402
-from models.distributed.precision import resolve as resolve_precision  # noqa: E402
-from models.distributed.step_account import CATEGORIES  # noqa: E402
+from models.training.distributed.launch import launch  # noqa: E402
+from models.training.distributed.mfu import measure_matmul_peak  # noqa: E402
+from models.training.distributed.precision import dtype_of  # noqa: E402
+from models.training.distributed.precision import resolve as resolve_precision  # noqa: E402
+from models.training.distributed.step_account import CATEGORIES  # noqa: E402
 from tests.models.distributed.conftest import write_learnable_set  # noqa: E402
 
 PHASES = ("sparse_forward", "dense_forward", "backward", "optimizer_step")  # the trainer's step phases

@@ -28,7 +28,7 @@ from report import add_record_flag, record  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
 from models.config import TrainRunConfig  # noqa: E402
-from models.distributed.launch import launch  # noqa: E402
+from models.training.distributed.launch import launch  # noqa: E402
 from tests.models.distributed.conftest import write_learnable_set  # noqa: E402
 
 COMMON = {  # the acceptance test's regime

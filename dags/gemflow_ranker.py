@@ -81,7 +81,7 @@ def gemflow_ranker():
         "--calibration-low", "{{ params.calibration_low }}",
         "--calibration-high", "{{ params.calibration_high }}",
         outlets=(RANKER_CHAMPION,),
-        # retried (the default): a retry reuses the version an attempt registered (models.registry.logging)
+        # retried (the default): a retry reuses the version an attempt registered (models.tracking.registry.logging)
         timeout=dt.timedelta(minutes=30),
     )  # fmt: skip
     record = stage_task(

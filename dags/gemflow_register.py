@@ -50,7 +50,7 @@ def gemflow_register():
         "--calibration-low", "{{ params.calibration_low }}",
         "--calibration-high", "{{ params.calibration_high }}",
         outlets=(CHAMPION,),
-        # retried (the default): a retry reuses the version an attempt registered (models.registry.logging)
+        # retried (the default): a retry reuses the version an attempt registered (models.tracking.registry.logging)
         timeout=dt.timedelta(minutes=30),
         doc="@challenger -> gate (NE on the same held-out split, calibration bounds) -> @champion or not.",
     )  # fmt: skip

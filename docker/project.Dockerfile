@@ -36,13 +36,13 @@ RUN case "${VARIANT}" in \
     && /opt/gemflow/bin/pip install --no-cache-dir --no-deps -r /tmp/rest.txt -r docker/cluster-extras.txt
 # Sources last, so editing code does not reinstall the stack. .dockerignore whitelists what enters the context.
 COPY . .
-# gemflow's C++ kernels (models/native/), built here where a compiler is: the runtime has none. They
+# gemflow's C++ kernels (models/inference/native/), built here where a compiler is: the runtime has none. They
 # pick AVX2 or their portable path at run time, so the image runs on any x86-64 node.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++=4:12.2.0-3 \
     && rm -rf /var/lib/apt/lists/*
 RUN /opt/gemflow/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
-    && GEMFLOW_KERNELS_DIR=/opt/gemflow/kernels /opt/gemflow/bin/python -m models.native \
+    && GEMFLOW_KERNELS_DIR=/opt/gemflow/kernels /opt/gemflow/bin/python -m models.inference.native \
     && mkdir -p configs \
     && find /opt/gemflow -name '__pycache__' -type d -prune -exec rm -rf {} +
 

@@ -16,9 +16,9 @@ import typer
 from typer.core import TyperOption
 
 import gemflow.commands
-from models.malloc import huge_pages
+from gemflow.malloc import huge_pages
 
-huge_pages()  # before any stage imports torch (none of the imports above does; models.malloc)
+huge_pages()  # before any stage imports torch (none of the imports above does; gemflow.malloc)
 
 app = typer.Typer(
     name="gemflow",

@@ -121,7 +121,7 @@ def champion_version(ws: Workspace, name: str) -> str | None:
 
     from mlflow.exceptions import MlflowException
 
-    from models.mlflow_store import connect
+    from models.tracking.mlflow_store import connect
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy deprecations inside MLflow's store, not ours
@@ -342,7 +342,7 @@ class Platform:
         return state
 
     def _start_all(self, env: dict[str, str], record, echo) -> None:
-        from models.registry.server import server_command
+        from models.tracking.registry.server import server_command
 
         c = self.cfg
         self.airflow_home.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ pacing the restarts of a child that keeps dying.
 
 Each user keeps only what is its own: the platform its recorded services and marker (``gemflow.platform``), the
 server its prefork supervisor and scoring pool (``serving.server_processes``, ``serving.scoring_processes``), the
-trainer the launcher variables its ranks watch (``models.distributed.launch``).
+trainer the launcher variables its ranks watch (``models.training.distributed.launch``).
 
 psutil (installed) covers the process table but not process groups, ``PR_SET_PDEATHSIG`` or restart pacing; a
 process's identity here is its pid with its start time in clock ticks (``/proc/<pid>/stat``), an integer that the

@@ -1,6 +1,6 @@
 """Which workspace the MLflow UI of ``gemflow up`` shows, so that a command on another workspace can say so.
 
-One MLflow server shows one store, and each workspace has its own (``models.mlflow_store``): its runs, and its
+One MLflow server shows one store, and each workspace has its own (``models.tracking.mlflow_store``): its runs, and its
 registry with its own ``gem-ranker@champion``. Commands on the workspace the platform runs on write to the very
 SQLite store its MLflow server reads, so their runs are in its UI at once. A command on another workspace (a
 second ``GEMFLOW_HOME``, or ``./workspace`` while ``make up`` runs on ``workspace/platform``) must not log into

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from models.distributed.config import DistributedConfig
+from models.training.distributed.config import DistributedConfig
 
 
 @dataclass
@@ -59,7 +59,7 @@ class RankerConfig:
     num_heads: int = 4
     dropout: float = 0.0
     recent_events: int = 64  # fresh events read at request time (features.schema.RECENT_EVENTS)
-    # Fresh events count only once older than this many seconds (``models.transforms.fresh_cutoff``), in
+    # Fresh events count only once older than this many seconds (``models.architectures.transforms.fresh_cutoff``), in
     # training as in serving: the event path's visibility budget (its p99 is under 1 s).
     fresh_delay_s: int = 1
     time_buckets: int = 32
@@ -142,7 +142,7 @@ class TrainRunConfig:
     output_dir: str = ""  # "" = <workspace>/models/<model>/<run name>
     split_mode: str = "time"  # "time" (the set's split column) | "leave_one_out" (positive-only logs)
     # False = a new run (a new folder when the default one is taken); True = continue the run folder's
-    # checkpoint, refused when its config.yaml differs in a key that shapes the model or data (models.run_folder)
+    # checkpoint, refused when its config.yaml differs in a key that shapes the model or data (models.training.run_folder)
     resume: bool = False
     user_model: UserModelConfig = field(default_factory=UserModelConfig)
     ranker: RankerConfig = field(default_factory=RankerConfig)

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import torch
 
-from models.ranker import CandidateQueries, Ranker
+from models.architectures.ranker import CandidateQueries, Ranker
 from serving import inputs as build
 
 

@@ -89,7 +89,7 @@ class ScoringConfig:
     inline: bool = True
     gil_switch_ms: float = 1.0  # interpreter switch interval (serving.runtime); 0 = CPython's default, 5 ms
     cache_mb: float = 128.0  # memory for per-ad query rows, all surfaces (serving.candidate_cache); 0 = off
-    torchscript: bool = True  # score candidates through the TorchScript one-user path (models.one_user)
+    torchscript: bool = True  # score candidates through the TorchScript one-user path (models.inference.one_user)
 
 
 @dataclass
@@ -139,7 +139,7 @@ class ClusterConfig:
 class ServingConfig:
     model_name: str = MODEL_NAME
     model_uri: str = f"models:/{MODEL_NAME}@champion"
-    tracking_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else the workspace's store (models.mlflow_store)
+    tracking_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else the workspace's store (models.tracking.mlflow_store)
     # The user-model version the cached embeddings must come from; "" = the one the ranker was trained against.
     expected_user_model_version: str = ""
     host: str = "127.0.0.1"  # loopback by default; the chart binds 0.0.0.0 inside the pod

@@ -1,11 +1,11 @@
-"""Online features -> the ranker's tensors, with exactly the transforms training applies (``models.data``).
+"""Online features -> the ranker's tensors, with exactly the transforms training applies (``models.training.data``).
 
 - recent events: the online store's last events, oldest first, those older than ``fresh_cutoff(request_ts,
   ranker.fresh_delay_s)`` (what training reads: ``TrainingSet.events_at``), cut to ``ranker.recent_events``;
   time gaps are bucketed against the request time (``time_bucket(request_ts - ts)``, as ``gap_to="request"``);
   an event's advertiser comes from the ad table; its surface from ``recent_surfaces`` when the view has it,
   else ``MISSING_SURFACE`` (counted: the ``user_recent_events`` view does not carry surfaces yet);
-- profile: gender / country ids (missing -> -1, the OOV row), age through ``models.transforms.normalize_age``
+- profile: gender / country ids (missing -> -1, the OOV row), age through ``models.architectures.transforms.normalize_age``
   (missing -> 0 years, as in training);
 - candidates: ids from the ad table (unknown ad -> -1, the OOV row), the request's surface, dense features
   through the trained ``DenseSpec`` (``apply`` itself, computed once per ad-table snapshot);
@@ -21,8 +21,8 @@ import pandas as pd
 import torch
 
 from features.schema import SURFACE_ID
-from models.data import Candidates, DenseSpec, Events, Profile
-from models.transforms import fresh_cutoff, normalize_age, time_bucket
+from models.architectures.transforms import fresh_cutoff, normalize_age, time_bucket
+from models.training.data import Candidates, DenseSpec, Events, Profile
 from serving.ad_table import AdSnapshot
 from serving.id_rows import IdRows
 from serving.user_features import UserFeatures

@@ -1,8 +1,8 @@
 """Loading the ranker to serve: from the MLflow registry (``models:/gem-ranker@champion``) or a local bundle.
 
-Registry models are logged pickle-free (state dict + JSON spec, ``models.registry``); this process refuses pickle
+Registry models are logged pickle-free (state dict + JSON spec, ``models.tracking.registry``); this process refuses pickle
 deserialization outright (``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false``) so a pickled artifact can never run
-here. A local path (a ``model.pt`` bundle or its run folder, ``models.inference``) serves a model straight from
+here. A local path (a ``model.pt`` bundle or its run folder, ``models.inference.bundle``) serves a model straight from
 training, e.g. before it is registered.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemflow.workspace import Workspace
-from models.data import DenseSpec
-from models.ranker import Ranker
+from models.architectures.ranker import Ranker
+from models.training.data import DenseSpec
 
 
 @dataclass
@@ -36,7 +36,7 @@ class ModelLoadError(RuntimeError):
 
 
 def load_served_model(uri: str, tracking_uri: str = "", ws: Workspace | None = None) -> ServedModel:
-    """A registry URI is read from ``ws``'s store (``tracking_uri`` if given; ``models.mlflow_store``)."""
+    """A registry URI is read from ``ws``'s store (``tracking_uri`` if given; ``models.tracking.mlflow_store``)."""
     os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
     if uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
         served = _from_mlflow(uri, tracking_uri, ws)
@@ -49,7 +49,7 @@ def load_served_model(uri: str, tracking_uri: str = "", ws: Workspace | None = N
 
 
 def _from_bundle(path: str) -> ServedModel:
-    from models.inference import load_bundle
+    from models.inference.bundle import load_bundle
 
     try:
         bundle = load_bundle(Path(path))
@@ -66,7 +66,7 @@ def _from_mlflow(uri: str, tracking_uri: str, ws: Workspace | None) -> ServedMod
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from models.mlflow_store import connect
+    from models.tracking.mlflow_store import connect
 
     connect(ws, tracking_uri)
     try:

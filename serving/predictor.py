@@ -34,7 +34,7 @@ from kserve.errors import InvalidInput
 
 from features.schema import SURFACES
 from gemflow.workspace import Workspace
-from models import one_user
+from models.inference import one_user
 from serving import inputs as build
 from serving import runtime
 from serving.ad_refresh_process import ProcessLoader

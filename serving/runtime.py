@@ -3,7 +3,7 @@
 - intra-op threads: ``scoring.torch_threads`` per scoring worker (default 1). Requests run on
   ``scoring.workers`` threads at once, so the cores go to concurrent requests instead of to the fork/join of
   one small request's matmuls; torch releases the GIL inside its kernels, so the workers really run together.
-- glibc malloc: freed memory kept in the heap, up to ``MAX_KEPT_BYTES`` (``models.malloc``, the one memory
+- glibc malloc: freed memory kept in the heap, up to ``MAX_KEPT_BYTES`` (``gemflow.malloc``, the one memory
   setting of every process that runs the model; bounded, not a leak: RSS settles at the working set's high-water
   mark).
 - GIL switch interval: a scoring thread coming back from a torch kernel waits for the GIL until its holder lets
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from models.malloc import keep_freed_memory
+from gemflow.malloc import keep_freed_memory
 
 log = logging.getLogger(__name__)
 

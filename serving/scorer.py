@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from models.data import Batch, Candidates, Events, Profile
-from models.ranker import CandidateQueries, Ranker
+from models.architectures.ranker import CandidateQueries, Ranker
+from models.training.data import Batch, Candidates, Events, Profile
 
 
 @dataclass

@@ -24,7 +24,7 @@ from features.feature_repo.tables import EVENT_TS
 from features.training_sets import TrainingSetConfig, join_features
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
-from models.data import TrainingSet, profile_column
+from models.training.data import TrainingSet, profile_column
 from serving.feature_log import EVENT_FIELDS, TABLE
 
 PROFILE_FIELDS = ("user_gender", "user_country", "user_age")

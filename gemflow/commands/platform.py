@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(
                 BAD_INPUT if "already in use" in str(err) or "both" in str(err) else FAILED
             ) from err
-        from models.mlflow_store import ui_link
+        from models.tracking.mlflow_store import ui_link
 
         login = _airflow_login(p)
         typer.echo(

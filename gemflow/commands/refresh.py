@@ -65,8 +65,8 @@ def _run_folder(client, ws, kind: str, run_dir: str, run_id: str) -> Path:
     """The run folder to register: named, found from its MLflow run id, or the newest of ``kind``."""
     from mlflow.exceptions import MlflowException
 
-    from models import mlflow_store
-    from models.tracking import recorded_run_id, run_dir_of
+    from models.tracking import mlflow_store
+    from models.tracking.training_run import recorded_run_id, run_dir_of
 
     if not run_id:
         return Path(run_dir) if run_dir else latest_run(ws, kind)
@@ -119,11 +119,11 @@ def register(app: typer.Typer) -> None:
         import mlflow
         from mlflow.exceptions import MlflowException
 
-        from models import mlflow_store
-        from models.data import TrainingSetError
-        from models.mlflow_store import connect
-        from models.registry import GateConfig, register_bundle, run_gate
-        from models.registry.heldout import evaluator
+        from models.tracking import mlflow_store
+        from models.tracking.mlflow_store import connect
+        from models.tracking.registry import GateConfig, register_bundle, run_gate
+        from models.tracking.registry.heldout import evaluator
+        from models.training.data import TrainingSetError
 
         _logging()
         w = workspace(ws)
@@ -266,7 +266,7 @@ def register(app: typer.Typer) -> None:
         from mlflow.exceptions import MlflowException
 
         from models.embeddings.refresh import MODEL_URI
-        from models.mlflow_store import connect
+        from models.tracking.mlflow_store import connect
 
         match = MODEL_URI.match(cfg.model_uri)
         if not match or not match["alias"]:

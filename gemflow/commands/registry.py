@@ -10,7 +10,7 @@ from gemflow.commands.common import WorkspaceOpt, workspace
 
 
 def _use_tracking(ws, tracking_uri: str) -> None:
-    from models import mlflow_store
+    from models.tracking import mlflow_store
 
     mlflow_store.use(ws, tracking_uri)
 
@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option(help="HTTP port.")] = 5000,
     ) -> None:
         """Start a real MLflow tracking server (SQLite backend, local artifacts) and print the UI address."""
-        from models.mlflow_store import open_embedded
-        from models.registry.server import start_server
+        from models.tracking.mlflow_store import open_embedded
+        from models.tracking.registry.server import start_server
 
         w = workspace(ws)
         open_embedded(w)  # created with the workspace's artifact root, or re-pointed after a move
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         ] = "",
     ) -> None:
         """Move @champion back to the version it replaced."""
-        from models.registry import rollback
+        from models.tracking.registry import rollback
 
         _use_tracking(workspace(ws), tracking_uri)
         try:

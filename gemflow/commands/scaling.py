@@ -58,12 +58,12 @@ def register(app: typer.Typer) -> None:
         ws: WorkspaceOpt = None,
     ) -> None:
         """Scaling-law sweep: train the grid (resumable), fit NE vs FLOPs, print the markdown summary."""
-        from models.data import TrainingSetError
         from models.scaling.config import ScalingConfig
         from models.scaling.runner import run_sweep
+        from models.training.data import TrainingSetError
 
         logs.setup()
-        logging.getLogger("models.train").setLevel(logging.WARNING)  # the sweep reports per point
+        logging.getLogger("models.training.train").setLevel(logging.WARNING)  # the sweep reports per point
         path = cfg_path or PRESETS_DIR / f"scaling-{preset or 'laptop'}.yaml"
         if not path.exists():
             typer.echo(f"error: no preset {preset!r}: {path} does not exist", err=True)

@@ -28,8 +28,8 @@ def _fail(err: Exception) -> typer.Exit:
 
 
 def _train_distributed(cfg, ws) -> None:
-    from models.data import TrainingSetError
-    from models.distributed.launch import DistributedRunError, launch
+    from models.training.data import TrainingSetError
+    from models.training.distributed.launch import DistributedRunError, launch
 
     try:
         run_dir = launch(cfg, ws)
@@ -72,17 +72,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the user model or the ranker (single process), tracked in MLflow; a new run unless --resume."""
         from models.config import TrainRunConfig
-        from models.data import TrainingSetError
-        from models.train import train
+        from models.training.data import TrainingSetError
+        from models.training.train import train
 
         _logging()
         flags = {"model": model, "training_set": training_set, "distributed.nproc": nproc,
                  "resume": True if resume else None}  # fmt: skip
         cfg = config(TrainRunConfig, cfg_path, overrides, **flags)
-        if nproc is not None:  # hand off to the distributed launcher (models/distributed/launch.py)
+        if nproc is not None:  # hand off to the distributed launcher (models/training/distributed/launch.py)
             _train_distributed(cfg, workspace(ws))
             return
-        from models.malloc import keep_freed_memory
+        from gemflow.malloc import keep_freed_memory
 
         keep_freed_memory()  # this process only trains: reuse freed memory, as the distributed ranks do
         try:
@@ -117,12 +117,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """NE, AUC and calibration of a trained model on a split; optionally leave-one-out HR@10/NDCG@10/MRR.
         A next-item model (positive-only logs) is judged by leave-one-out ranking only: sampled and full."""
-        from models import evaluate
-        from models.data import TrainingSet, TrainingSetError
-        from models.inference import load_bundle
-        from models.prepare import resolve_training_set
+        from models.inference.bundle import load_bundle
         from models.sequential.evaluate import is_next_item, next_item_metrics
-        from models.train import evaluate_rows
+        from models.training import evaluate
+        from models.training.data import TrainingSet, TrainingSetError
+        from models.training.prepare import resolve_training_set
+        from models.training.train import evaluate_rows
 
         _logging()
         if split not in ("test", "valid"):

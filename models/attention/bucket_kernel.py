@@ -24,7 +24,7 @@ they add nothing to any gradient; they change nothing and cost no fill of the in
 
 Moves between jagged rows and the blocks are D-wide row gathers into one buffer for all buckets
 (``HeadsFirst``), so a call allocates a few large buffers, not a few per bucket: the distributed trainer keeps
-freed memory in the process (``models.malloc``), which makes re-allocating them each step free.
+freed memory in the process (``gemflow.malloc``), which makes re-allocating them each step free.
 
 Every bucket's saved state (fp32 Q, K, V and P) is what the math kernel's autograd keeps as well.
 

@@ -80,7 +80,7 @@ def _op(backend: Backend, device: torch.device, name: str):
     return getattr(module, name)
 
 
-# Each call is a profiler span: the step account (models.distributed.step_account) books its ops to attention.
+# Each call is a profiler span: the step account (models.training.distributed.step_account) books its ops to attention.
 @compile_boundary  # data-dependent buckets and Python loops: compiled regions stop at the attention call
 def jagged_self_attention(q, k, v, offsets, *, backend: Backend = "auto", **kwargs) -> torch.Tensor:
     with record_function("gemflow.attention"):

@@ -20,8 +20,8 @@ from functools import cache
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from models.architectures.transforms import lengths
 from models.attention import validate
-from models.transforms import lengths
 
 
 @cache

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from models.architectures.transforms import lengths, time_bucket
 from models.attention import bucket_kernel, validate
 from models.attention.reference import pos_bucket
-from models.transforms import lengths, time_bucket
 
 PAD_BUDGET = 0.125  # at most this fraction of a bucket's tokens is padding (above SHORT_LEN)
 SHORT_LEN = 16  # sequences this short share one bucket: their padding costs less than another kernel call

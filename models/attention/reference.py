@@ -18,7 +18,10 @@ import math
 
 import torch
 
-from models.transforms import lengths, time_bucket  # one definition, shared with the data pipeline
+from models.architectures.transforms import (  # one definition, shared with the data pipeline
+    lengths,
+    time_bucket,
+)
 
 
 def pad(

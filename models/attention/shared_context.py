@@ -15,7 +15,7 @@ tile, and its element-wise exponentials are the 1-ulp ``exp``; ``torch.exp2`` (a
 1,000-candidate request: 2.06 -> 1.53 ms of CPU, measured side by side (docs/serving-speed.md). Differences to SDPA
 are float32 rounding (~1e-6 relative; the tests compare with ``reference_attend``).
 
-``FusedAttention`` is the same attention as one C++ op (``shared_context_attend.cpp``, ``models.native``):
+``FusedAttention`` is the same attention as one C++ op (``shared_context_attend.cpp``, ``models.inference.native``):
 scores, softmax and values a few rows at a time in registers, none of the (H, N, T) intermediates written out; the
 serving path uses it where the op is built (``TorchAttention`` calls ``attend``).
 """
@@ -66,7 +66,7 @@ class TorchAttention(nn.Module):
 
 
 class FusedAttention(nn.Module):
-    """``attend`` by gemflow's C++ op; construct it only after ``models.native.load()`` returned True."""
+    """``attend`` by gemflow's C++ op; construct it only after ``models.inference.native.load()`` returned True."""
 
     def forward(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return torch.ops.gemflow.shared_context_attend(q, keys, values)  # the widest SIMD this CPU has
@@ -74,7 +74,7 @@ class FusedAttention(nn.Module):
 
 def attention_module() -> nn.Module:
     """The fused op where it is built on this machine, else PyTorch's ops."""
-    from models import native
+    from models.inference import native
 
     return FusedAttention() if native.load() else TorchAttention()
 

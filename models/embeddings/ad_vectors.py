@@ -1,7 +1,7 @@
 """Retrieval vectors from the user model's next-item head: one per ad (item side) and one per user (query side).
 
 The next-item objective scores ``query(state after the user's last event) . item_vectors(ad)`` (cosine /
-temperature, ``models.user_model``): exactly the inner product an ANN index searches. Both sides carry the
+temperature, ``models.architectures.user_model``): exactly the inner product an ANN index searches. Both sides carry the
 user-model version that computed them (``gem-user-model/3``, as the cached user embeddings do), and
 ``serving.retrieval`` refuses to search one version's index with another version's query.
 
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from models.data import Events
-from models.inference import ModelBundle
+from models.inference.bundle import ModelBundle
+from models.training.data import Events
 
 RETRIEVAL_TABLE = "retrieval"
 AD_VECTOR_FILE = "ad_vectors.parquet"

@@ -39,8 +39,9 @@ from features.histories import Histories, build_histories
 from features.schema import HISTORY_FIELDS
 from features.stats import read_events
 from gemflow.config import save_config, to_dict
+from gemflow.malloc import huge_pages
 from gemflow.workspace import Workspace
-from models.data import Events
+from models.architectures.transforms import lengths, previous_gaps, time_bucket
 from models.embeddings.ad_vectors import (
     RETRIEVAL_TABLE,
     USER_QUERY_FILE,
@@ -50,9 +51,8 @@ from models.embeddings.ad_vectors import (
     write_ad_vectors,
 )
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
-from models.inference import ModelBundle, load_bundle, save_bundle
-from models.malloc import huge_pages
-from models.transforms import lengths, previous_gaps, time_bucket
+from models.inference.bundle import ModelBundle, load_bundle, save_bundle
+from models.training.data import Events
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,8 @@ def load_champion(model_uri: str, tracking_uri: str = "", ws: Workspace | None =
         raise ValueError(f"model URI {model_uri!r} must look like models:/NAME@ALIAS or models:/NAME/VERSION")
     from mlflow.exceptions import MlflowException
 
-    from models.mlflow_store import connect
-    from models.registry import load_registered
+    from models.tracking.mlflow_store import connect
+    from models.tracking.registry import load_registered
 
     client = connect(ws, tracking_uri)
 

@@ -17,7 +17,7 @@ import numpy as np
 from features.feature_repo.offline import partition_days, read_partition
 from gemflow.workspace import Workspace
 from models.embeddings.refresh import EMBEDDING_TABLE, MODEL_URI, load_local
-from models.mlflow_store import connect
+from models.tracking.mlflow_store import connect
 
 RANKER_CHAMPION_URI = "models:/gem-ranker@champion"
 VERSION_TAG = "gemflow.user_model_version"
@@ -87,7 +87,9 @@ def expected_versions(
     label = f"{name}/{mv.version}"
     if VERSION_TAG in mv.tags:
         return label, _split(mv.tags[VERSION_TAG])
-    from models.registry import load_registered  # no tag: an online-only ranker, or registered by hand
+    from models.tracking.registry import (
+        load_registered,  # no tag: an online-only ranker, or registered by hand
+    )
 
     return label, _split(load_registered(f"models:/{name}/{mv.version}").user_model_version)
 

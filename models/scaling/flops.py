@@ -2,7 +2,7 @@
 
 ``FlopCounterMode`` counts the matmul-class ops that actually run (mm, addmm, bmm, attention kernels,
 including bucket padding inside the jagged attention); embedding lookups, norms and activations are not
-FLOPs in its table. ``models.distributed.mfu`` registers the fused CPU attention kernel, which the table
+FLOPs in its table. ``models.training.distributed.mfu`` registers the fused CPU attention kernel, which the table
 lacks, so attention counts on CPU too.
 """
 
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import models.distributed.mfu  # noqa: F401  (registers the CPU SDPA flop formula)
-from models.prepare import Setup
-from models.train import loss_fn
+import models.training.distributed.mfu  # noqa: F401  (registers the CPU SDPA flop formula)
+from models.training.prepare import Setup
+from models.training.train import loss_fn
 
 
 def step_flops(loss_of_step: Callable[[], torch.Tensor]) -> int:

@@ -9,7 +9,7 @@ Layout under ``<workspace>/scaling/<sweep>/``::
     flops.json                 FLOP counts used to plan matched-compute points (a cache)
 
 A point whose ``result.json`` exists is never trained again; a point killed mid-training resumes from its
-checkpoint (``models.train``). Each point is an MLflow child run (tag ``mlflow.parentRunId``) of the sweep's
+checkpoint (``models.training.train``). Each point is an MLflow child run (tag ``mlflow.parentRunId``) of the sweep's
 parent run. Parallel points run in separate processes (spawned: a forked torch thread pool can deadlock),
 each with ``threads_per_run`` torch threads.
 """
@@ -32,13 +32,13 @@ from tqdm import tqdm
 
 from gemflow.config import to_dict
 from gemflow.workspace import Workspace
-from models import mlflow_store
 from models.config import TrainRunConfig
 from models.scaling.composition import filter_actions, set_fingerprint
 from models.scaling.config import ALL_ACTIONS, ScalingConfig, Shape, parse_actions, validate
 from models.scaling.grid import Grid, SweepPoint, train_config
 from models.scaling.valid_split import subsample_valid
-from models.tracking import tracking_uri
+from models.tracking import mlflow_store
+from models.tracking.training_run import tracking_uri
 
 log = logging.getLogger(__name__)
 RESULT = "result.json"
@@ -78,12 +78,12 @@ def run_point(job: PointJob) -> dict:
     """Train one point, count its FLOPs, time it, tag it as a child run; write and return its result."""
     import torch
 
-    from models.data import TrainingSet
-    from models.inference import embed_examples, load_bundle
-    from models.prepare import prepare
+    from models.inference.bundle import embed_examples, load_bundle
     from models.scaling.flops import dense_parameters, training_flops_per_example
     from models.scaling.serving_cost import serving_cost
-    from models.train import train
+    from models.training.data import TrainingSet
+    from models.training.prepare import prepare
+    from models.training.train import train
 
     run_dir = Path(job.cfg.output_dir)
     done = read_result(run_dir, job.key)
@@ -169,8 +169,8 @@ class Sweep:
     """One sweep folder: its grid, its results, its MLflow parent run."""
 
     def __init__(self, cfg: ScalingConfig, ws: Workspace):
-        from models.data import TrainingSetError
-        from models.prepare import resolve_training_set
+        from models.training.data import TrainingSetError
+        from models.training.prepare import resolve_training_set
 
         validate(cfg)
         self.cfg, self.ws = cfg, ws
@@ -224,8 +224,8 @@ class Sweep:
 
     def flops_of(self, point: SweepPoint) -> float:
         """Training FLOPs per example of a user-model point (counted once, cached in flops.json)."""
-        from models.prepare import prepare
         from models.scaling.flops import training_flops_per_example
+        from models.training.prepare import prepare
 
         cache_path = self.dir / "flops.json"
         cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import models.distributed.mfu  # noqa: F401  (registers the CPU SDPA flop formula)
-from models.data import BatchBuilder
+import models.training.distributed.mfu  # noqa: F401  (registers the CPU SDPA flop formula)
+from models.training.data import BatchBuilder
 
 
 @torch.no_grad()

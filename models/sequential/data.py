@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import torch
 
 from features.vocabulary import Vocabulary
-from models.data import USER_VOCAB_ROW, Events, TrainingSet, TrainingSetError
-from models.transforms import lengths
+from models.architectures.transforms import lengths
+from models.training.data import USER_VOCAB_ROW, Events, TrainingSet, TrainingSetError
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Leave-one-out ranking of a next-item model's held-out positive under the protocol of
-``models.leave_one_out`` (stated there once): among the fixed sampled negatives, and against the whole
+``models.training.leave_one_out`` (stated there once): among the fixed sampled negatives, and against the whole
 training catalog with the user's history masked (``full_``, the published convention) and unmasked
-(``full_unmasked_``). Metrics: HR@{1,5,10}, NDCG@{1,5,10}, MRR (``models.metrics.ranks_to_metrics``).
+(``full_unmasked_``). Metrics: HR@{1,5,10}, NDCG@{1,5,10}, MRR (``models.training.metrics.ranks_to_metrics``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from models.leave_one_out import full_ranks, history_mask, negative_lists, training_catalog
-from models.metrics import ranks_to_metrics, sampled_ranks
 from models.sequential.data import SequenceSet
+from models.training.leave_one_out import full_ranks, history_mask, negative_lists, training_catalog
+from models.training.metrics import ranks_to_metrics, sampled_ranks
 
 
 def sequence_negatives(seqs: SequenceSet, num_negatives: int = 99, seed: int = 0) -> np.ndarray:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models.architectures.sampled_softmax import sampled_softmax_loss
 from models.config import NEXT_ITEM_LOSSES, NextItemConfig
-from models.sampled_softmax import sampled_softmax_loss
 from models.sequential.data import TrainPairs
 
 

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.architectures.fast_dropout import FastDropout
 from models.config import SASRecConfig
-from models.data import Events
-from models.fast_dropout import FastDropout
+from models.training.data import Events
 
 
 class SASRecAttention(nn.Module):

@@ -1,4 +1,4 @@
-"""The next-item task of the training loop (``models.train``): what one epoch feeds the model, its loss, and
+"""The next-item task of the training loop (``models.training.train``): what one epoch feeds the model, its loss, and
 the leave-one-out judgement of a split (sampled and full ranking; the best state is the highest
 ``next_item.select_metric`` on valid)."""
 
@@ -12,15 +12,15 @@ from torch import nn
 
 from features.splits import leave_one_out_split
 from models.config import TrainRunConfig, resolve_user_model
-from models.data import DenseSpec, TrainingSet
-from models.inference import ModelBundle, build_model
+from models.inference.bundle import ModelBundle, build_model
 from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
 from models.sequential.evaluate import catalog_mask, model_scorer, rank_split, sequence_negatives
 from models.sequential.objective import next_item_loss, resolve_loss
+from models.training.data import DenseSpec, TrainingSet
 
 
 class NextItemTask:
-    higher_is_better, sparse_in_backward = True, False  # embeddings train with AdamW (see models.train)
+    higher_is_better, sparse_in_backward = True, False  # embeddings train with AdamW (see models.training.train)
 
     def __init__(self, cfg: TrainRunConfig, path: Path):
         data = TrainingSet(path)
@@ -84,6 +84,6 @@ class NextItemTask:
         return out
 
     def plots(self, model: nn.Module, history: list[dict], run_dir: Path) -> list[Path]:
-        from models.plots import ranking_curve_plot
+        from models.tracking.plots import ranking_curve_plot
 
         return [ranking_curve_plot(history, self.select, run_dir / "learning_curve.png")]

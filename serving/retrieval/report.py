@@ -74,7 +74,7 @@ def track_report(report: dict, ws=None, tracking_uri: str = "") -> str:
     """Log the report as one MLflow run; returns its id."""
     import mlflow
 
-    from models.mlflow_store import connect
+    from models.tracking.mlflow_store import connect
 
     connect(ws, tracking_uri)
     mlflow.set_experiment(EXPERIMENT)

@@ -75,14 +75,14 @@ def roll_back(rollout: Rollout, ws, tracking_uri: str = "") -> tuple[Deployment,
 def _registry_rollback(dep: Deployment, tracking_uri: str, ws) -> str:
     """If the failed version is the registry's @champion, move the alias back (``gemflow rollback``)."""
     from models.embeddings.refresh import MODEL_URI
-    from models.mlflow_store import connect
+    from models.tracking.mlflow_store import connect
 
     match = MODEL_URI.match(dep.model_uri)
     if not match or not match["version"]:
         return ""
     from mlflow.exceptions import MlflowException
 
-    from models.registry import champion_version, rollback
+    from models.tracking.registry import champion_version, rollback
 
     client = connect(ws, tracking_uri)
     if champion_version(client, match["name"]) != match["version"]:

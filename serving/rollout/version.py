@@ -15,7 +15,7 @@ from serving.rollout.base import RolloutError
 def pin(model_uri: str, tracking_uri: str, ws) -> str:
     """``models:/name@alias`` -> ``models:/name/<its version now>``; anything else unchanged."""
     from models.embeddings.refresh import MODEL_URI
-    from models.mlflow_store import connect
+    from models.tracking.mlflow_store import connect
 
     match = MODEL_URI.match(model_uri)
     if not match or not match["alias"]:
@@ -50,7 +50,7 @@ def served_version(pinned_uri: str) -> str:
 def _bundle_version(path: Path) -> str:
     import torch
 
-    from models.inference import MODEL_FILE
+    from models.inference.bundle import MODEL_FILE
 
     file = path / MODEL_FILE if path.is_dir() else path
     if not file.exists():

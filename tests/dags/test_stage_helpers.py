@@ -33,7 +33,7 @@ class Keep(logging.Handler):
 log = logging.getLogger("gemflow.stage")
 log.addHandler(Keep()); log.setLevel(logging.DEBUG); log.propagate = False
 s = StageOutput("stage")
-for line in ["2026-12-01 16:26:01,123 INFO models.train: epoch 1", "2026-12-01 16:26:01,124 WARNING feast: slow",
+for line in ["2026-12-01 16:26:01,123 INFO models.training.train: epoch 1", "2026-12-01 16:26:01,124 WARNING feast: slow",
              "[rank0]:W1201 16:27:58.585000 1 x.py:5] hmm", "x/trainer.py:187: UserWarning: detach",
              "Traceback (most recent call last):", '  File "t.py", line 1', "ValueError: bad", "plain progress",
              "error: no such day", "step 3\\rstep 4"]:

@@ -22,7 +22,7 @@ for _ in tqdm(range(40), desc="steps"):
     time.sleep(0.02)  # 0.8 s: a default bar redraws ~8 times
 warnings.warn_explicit("old api", DeprecationWarning, "/x/site-packages/feast/thing.py", 3)
 warnings.warn_explicit("detached", UserWarning, sys.argv[2], 7)
-logging.getLogger("models.train").info("epoch 1: done")
+logging.getLogger("models.training.train").info("epoch 1: done")
 """
 
 
@@ -41,7 +41,7 @@ def test_a_non_terminal_log_is_free_of_bar_redraws_library_chatter_and_third_par
     assert "Successfully loaded" not in log
     assert "old api" not in log  # a third-party DeprecationWarning: DEBUG only
     assert "WARNING py.warnings" in log and "UserWarning: detached" in log  # ours stays a warning
-    assert "INFO models.train: epoch 1: done" in log
+    assert "INFO models.training.train: epoch 1: done" in log
 
 
 @pytest.mark.integration

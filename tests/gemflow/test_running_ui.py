@@ -22,10 +22,10 @@ from mlflow import MlflowClient
 from gemflow import running_ui
 from gemflow.platform import Platform, PlatformConfig
 from gemflow.workspace import Workspace
-from models import mlflow_store
 from models.config import TrackingConfig
-from models.registry.server import server_command
-from models.tracking import Tracker
+from models.tracking import mlflow_store
+from models.tracking.registry.server import server_command
+from models.tracking.training_run import Tracker
 from tests.ports import free_port
 
 
@@ -56,7 +56,7 @@ def platform_mlflow(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_a_run_on_the_platforms_workspace_is_in_its_mlflow_ui(platform_mlflow, caplog):
     ws = platform_mlflow.ws
-    with caplog.at_level(logging.WARNING, logger="models.mlflow_store"):
+    with caplog.at_level(logging.WARNING, logger="models.tracking.mlflow_store"):
         tracker = Tracker(TrackingConfig(experiment="shop-ranker"), ws, "first-day")
         tracker.log_metrics({"valid_ne": 0.96}, step=1)
         tracker.end()
@@ -73,7 +73,7 @@ def test_a_run_on_the_platforms_workspace_is_in_its_mlflow_ui(platform_mlflow, c
 @pytest.mark.integration
 def test_a_command_on_another_workspace_says_where_its_runs_are(platform_mlflow, tmp_path, caplog):
     other = Workspace(tmp_path / "shop-ws")
-    with caplog.at_level(logging.WARNING, logger="models.mlflow_store"):
+    with caplog.at_level(logging.WARNING, logger="models.tracking.mlflow_store"):
         store = mlflow_store.resolve(other)
         mlflow_store.resolve(other)  # said once per process
     assert store.tracking_uri == mlflow_store.embedded_uri(other)  # its own store, not the platform's

@@ -215,14 +215,14 @@ def tiny_set_path() -> Path:
 
 @functools.cache
 def tiny_set():
-    from models.data import TrainingSet
+    from models.training.data import TrainingSet
 
     return TrainingSet(tiny_set_path())
 
 
 @functools.cache
 def tiny_dense():
-    from models.data import DenseSpec
+    from models.training.data import DenseSpec
 
     data = tiny_set()
     return DenseSpec.fit(data.dense_frame(), data.dense_columns())
@@ -232,7 +232,7 @@ def record_training_run(run_dir: Path, ws, tracking_uri: str = "") -> str:
     """A finished MLflow run recorded in ``run_dir`` as training records it, for a bundle saved without training
     (registration logs the model into that run)."""
     from models.config import TrackingConfig
-    from models.tracking import Tracker
+    from models.tracking.training_run import Tracker
 
     tracker = Tracker(TrackingConfig(tracking_uri=tracking_uri, experiment="fixtures"), ws, run_dir.name)
     tracker.record(run_dir)

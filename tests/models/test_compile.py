@@ -1,4 +1,4 @@
-"""Compiled dense regions (``models.compile``) against eager and the plain-PyTorch attention reference.
+"""Compiled dense regions (``models.inference.compile``) against eager and the plain-PyTorch attention reference.
 
 Within the tolerances the jagged attention tests use (``tests.models.attention.test_jagged``): forward and the
 gradients of every parameter and input, fp32 and bf16, over jagged batches of several sizes (one compiled graph
@@ -13,8 +13,8 @@ import logging
 import pytest
 import torch
 
-from models import compile as compile_mod
-from models.layers import TargetAwareBlock, TransformerBlock
+from models.architectures.layers import TargetAwareBlock, TransformerBlock
+from models.inference import compile as compile_mod
 from tests.models.attention.test_jagged import BF16, FP32, assert_close, offsets_of
 
 
@@ -108,7 +108,7 @@ def test_compiled_target_aware_block_matches_eager(dtype, tol):
 
 
 def test_compile_keeps_the_state_dict_and_skips_moe_finish():
-    from models.layers import use_moe_ffn
+    from models.architectures.layers import use_moe_ffn
 
     blocks = torch.nn.ModuleList(
         TransformerBlock(16, 2, 2, 0.0, causal=True, max_rel_pos=0, time_buckets=0, backend="jagged")
@@ -142,7 +142,7 @@ def test_loading_the_models_leaves_the_compiler_unimported():
 
     probe = (
         "import sys, torch\n"
-        "from models.layers import TargetAwareBlock\n"
+        "from models.architectures.layers import TargetAwareBlock\n"
         "block = TargetAwareBlock(16, 2, 2, 0.0, 'jagged').eval()\n"
         "q, kv = torch.randn(3, 16), block.context_kv(torch.randn(5, 16))\n"
         "block(q, torch.tensor([0, 1, 3]), kv, torch.tensor([0, 2, 5]))\n"

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.evaluate import leave_one_out, loo_lists, score_lists
-from models.prepare import prepare
+from models.training.evaluate import leave_one_out, loo_lists, score_lists
+from models.training.prepare import prepare
 from tests.models.fixtures import write_training_set
 
 TINY = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.fast_dropout import FastDropout, fast_dropout
+from models.architectures.fast_dropout import FastDropout, fast_dropout
 
 
 @pytest.mark.parametrize("p", [0.5, 0.2])

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.l2_normalize import l2_normalize
+from models.architectures.l2_normalize import l2_normalize
 
 
 def _rows(dtype=torch.float32) -> torch.Tensor:

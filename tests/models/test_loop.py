@@ -1,4 +1,4 @@
-"""The shared training loop (``models.loop``) against a scripted strategy: evaluation cadence, best state,
+"""The shared training loop (``models.training.loop``) against a scripted strategy: evaluation cadence, best state,
 patience, checkpoints and resume, without a model."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from models.loop import LoopConfig, LoopState, run_loop
+from models.training.loop import LoopConfig, LoopState, run_loop
 
 
 class Crash(Exception):

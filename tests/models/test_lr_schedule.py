@@ -1,11 +1,11 @@
-"""The dense-lr schedule of models/train.py: off by default, warm-up then cosine/linear decay."""
+"""The dense-lr schedule of models/training/train.py: off by default, warm-up then cosine/linear decay."""
 
 import math
 
 import pytest
 
 from models.config import OptimConfig, TrainRunConfig, validate
-from models.optimizers import scheduled_lr
+from models.training.optimizers import scheduled_lr
 
 
 def test_default_schedule_is_the_constant_lr():

@@ -10,7 +10,7 @@ import pytest
 
 SCRIPT = """
 import resource, sys, torch
-from models.malloc import keep_freed_memory
+from gemflow.malloc import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 def faults_of_one_step():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -11,8 +11,8 @@ import torch
 from torchrec.metrics.ne import NEMetric
 from torchrec.metrics.rec_metric import RecTaskInfo
 
-from models.data import leave_one_out_split
-from models.metrics import auc, calibration, normalized_entropy, rank_metrics
+from models.training.data import leave_one_out_split
+from models.training.metrics import auc, calibration, normalized_entropy, rank_metrics
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

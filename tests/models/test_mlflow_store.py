@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from gemflow.workspace import Workspace
-from models import mlflow_store
+from models.tracking import mlflow_store
 
 pytestmark = pytest.mark.integration  # real MLflow on SQLite: each new store runs its migrations (~4 s)
 

@@ -1,11 +1,11 @@
-"""The oneDNN linear path against its plain PyTorch reference (``models.onednn``)."""
+"""The oneDNN linear path against its plain PyTorch reference (``models.inference.onednn``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from models import onednn
+from models.inference import onednn
 
 
 @pytest.mark.parametrize("rows", [1, onednn.MIN_ROWS - 1, onednn.MIN_ROWS, 1000])
@@ -62,7 +62,7 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.parametrize("rows", [8, 1000])
 def test_scripted_linear_equals_eager(rows):
-    """``models.one_user`` calls ``linear`` from TorchScript: the same overloads, the same results."""
+    """``models.inference.one_user`` calls ``linear`` from TorchScript: the same overloads, the same results."""
     scripted = torch.jit.script(onednn.linear)
     g = torch.Generator().manual_seed(rows)
     x, weight, bias = torch.randn(rows, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32)
@@ -85,7 +85,7 @@ def test_code_traced_by_torch_compile_takes_the_reference():
 
 
 def test_use_onednn_false_is_the_reference():
-    """``models.one_user`` turns oneDNN off where PyTorch's own GEMMs measured faster: then it is the reference."""
+    """``models.inference.one_user`` turns oneDNN off where PyTorch's own GEMMs measured faster: then it is the reference."""
     g = torch.Generator().manual_seed(3)
     x, weight, bias = torch.randn(1000, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32)
     residual = torch.randn(1000, 32, generator=g)

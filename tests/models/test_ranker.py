@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import BatchBuilder
-from models.ranker import Ranker
+from models.architectures.ranker import Ranker
+from models.training.data import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_ranker_config, tiny_set
 
 K, D_USER = 2, 8

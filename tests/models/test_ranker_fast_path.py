@@ -1,4 +1,4 @@
-"""The ranker's inference fast path (direct embedding gathers; one user's candidates through ``models.one_user``,
+"""The ranker's inference fast path (direct embedding gathers; one user's candidates through ``models.inference.one_user``,
 eager and scripted by TorchScript: one dense attention block, the head expanded over the shared profile) against
 the training path on the same weights and inputs (torchrec KeyedJaggedTensor lookups, jagged attention, the plain
 head): the same scores, for every config it serves."""
@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from models import native, one_user
+from models.architectures.ranker import Ranker
 from models.attention.shared_context import FusedAttention, TorchAttention
-from models.data import EVENT_ID_FIELDS, Candidates, Events, Profile
-from models.ranker import Ranker
+from models.inference import native, one_user
+from models.training.data import EVENT_ID_FIELDS, Candidates, Events, Profile
 from tests.models.fixtures import tiny_ranker_config
 
 VOCAB = {"ad_id": 50, "advertiser_id": 6, "category_id": 5, "action": 8, "surface": 5, "gender": 3, "country": 4,
@@ -75,7 +75,7 @@ def test_fast_path_equals_training_path(cfg, events, cands, torchscript):
     model = _model(**cfg)
     if (
         torchscript
-    ):  # the serving path (models.one_user) applies to target-aware pooling without interaction layers
+    ):  # the serving path (models.inference.one_user) applies to target-aware pooling without interaction layers
         applies = cfg.get("pooling", "target") == "target" and not cfg.get("interaction_layers")
         assert model.script_one_user() == applies
         assert isinstance(model.one_user_scorer(), torch.jit.ScriptModule) == applies
@@ -132,7 +132,7 @@ def test_one_request_in_batches_equals_one_call():
 
 
 def test_the_one_user_path_adds_nothing_to_the_state_dict():
-    """``models.one_user`` runs the ranker's own layers: no parameters of its own, none saved twice."""
+    """``models.inference.one_user`` runs the ranker's own layers: no parameters of its own, none saved twice."""
     model = _model()
     keys = list(model.state_dict())
     assert model.one_user_scorer() is not None
@@ -250,7 +250,7 @@ def test_the_one_op_scorer_refuses_what_it_cannot_score():
 
 def test_script_keeps_the_fastest_variant_and_says_which(caplog):
     model = _model()
-    with caplog.at_level(logging.INFO, logger="models.one_user"):
+    with caplog.at_level(logging.INFO, logger="models.inference.one_user"):
         scripted = one_user.script(model, rows=200)
     assert scripted is not None
     assert isinstance(scripted.blocks[0].attention, FusedAttention)  # built on this machine: used

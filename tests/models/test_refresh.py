@@ -22,7 +22,6 @@ from features.training_sets import TrainingSetConfig, build_training_set
 from gemflow.cli import app
 from gemflow.workspace import Workspace
 from models.config import RankerConfig, UserModelConfig
-from models.data import DenseSpec, TrainingSet
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
 from models.embeddings.refresh import (
     EMBEDDING_FILE,
@@ -33,8 +32,9 @@ from models.embeddings.refresh import (
     refresh_embeddings,
 )
 from models.embeddings.versions import check_versions, expected_versions, sample_users
-from models.inference import ModelBundle, build_model, embed_examples, save_bundle
-from models.registry.flat import to_training_set
+from models.inference.bundle import ModelBundle, build_model, embed_examples, save_bundle
+from models.tracking.registry.flat import to_training_set
+from models.training.data import DenseSpec, TrainingSet
 from tests.features.helpers import DAY0, USERS, ads_frame, events_frame, publish_without_gate, users_frame
 from tests.models.fixtures import record_training_run
 
@@ -251,7 +251,7 @@ def test_multi_process_refresh_equals_single_process(ws, landed):
 def mlflow_server(tmp_path):
     import mlflow
 
-    from models.registry.server import start_server
+    from models.tracking.registry.server import start_server
     from tests.ports import free_port
 
     port = free_port()
@@ -269,7 +269,7 @@ def mlflow_server(tmp_path):
 def test_refresh_from_the_registry_champion_records_its_version(ws, landed, mlflow_server):
     from mlflow import MlflowClient
 
-    from models.registry import register_bundle
+    from models.tracking.registry import register_bundle
 
     client = MlflowClient()
     data = ws.training("vocab")

@@ -1,4 +1,4 @@
-"""Row-bucketed linear layers (``models.row_buckets``): the bucket sizes, and the same values and gradients as
+"""Row-bucketed linear layers (``models.inference.row_buckets``): the bucket sizes, and the same values and gradients as
 ``nn.Linear`` (the plain PyTorch reference) for row counts inside, at and across bucket edges."""
 
 from __future__ import annotations
@@ -7,7 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from models.row_buckets import EXACT_BELOW, PER_OCTAVE, RowBucketedLinear, bucket_linear_rows, bucket_rows
+from models.inference.row_buckets import (
+    EXACT_BELOW,
+    PER_OCTAVE,
+    RowBucketedLinear,
+    bucket_linear_rows,
+    bucket_rows,
+)
 
 
 def test_buckets_cover_every_count_with_little_padding_and_few_sizes():

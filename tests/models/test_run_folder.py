@@ -1,5 +1,5 @@
 """Safe re-training: every invocation is a new run unless asked to resume; a resume with another model or data
-config is refused, naming the keys, before anything is written (``models.run_folder``)."""
+config is refused, naming the keys, before anything is written (``models.training.run_folder``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from gemflow.cli import app
 from gemflow.config import load_config, save_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.run_folder import ResumeRefused, check_resume, choose, differences
-from models.train import train
+from models.training.run_folder import ResumeRefused, check_resume, choose, differences
+from models.training.train import train
 from tests.models.fixtures import write_training_set
 from tests.models.test_train import SMALL
 

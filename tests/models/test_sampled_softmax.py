@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import BatchBuilder
-from models.sampled_softmax import sampled_softmax_loss
-from models.user_model import UserModel
+from models.architectures.sampled_softmax import sampled_softmax_loss
+from models.architectures.user_model import UserModel
+from models.training.data import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
 

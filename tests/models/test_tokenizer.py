@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import BatchBuilder
-from models.tokenizer import DenseTokens, SparseArch
-from models.user_model import UserModel
+from models.architectures.tokenizer import DenseTokens, SparseArch
+from models.architectures.user_model import UserModel
+from models.training.data import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
 
@@ -89,8 +89,8 @@ def test_plain_tables_hold_the_same_state_and_rows_as_the_embedding_collection()
 def test_a_loaded_model_reads_without_torchrec_and_scores_as_trained(tmp_path):
     """``load_bundle`` builds the tables as ``PlainTables``: the same scores as the trained (torchrec) model, the
     training path (KeyedJaggedTensor, gradients on) against the loaded model's."""
-    from models.inference import ModelBundle, load_bundle, save_bundle
-    from models.ranker import Ranker
+    from models.architectures.ranker import Ranker
+    from models.inference.bundle import ModelBundle, load_bundle, save_bundle
     from tests.models.fixtures import tiny_ranker_config
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from gemflow.cli import app
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.train import CHECKPOINT, train
+from models.training.train import CHECKPOINT, train
 from tests.models.fixtures import write_training_set
 
 SMALL = {
@@ -193,8 +193,8 @@ def test_bad_input_is_a_clear_error(ws):
 
 
 def _tiny_user_bundle(**kw):
-    from models.inference import ModelBundle
-    from models.user_model import UserModel
+    from models.architectures.user_model import UserModel
+    from models.inference.bundle import ModelBundle
     from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
     torch.manual_seed(0)
@@ -206,7 +206,7 @@ def _tiny_user_bundle(**kw):
 def test_daily_snapshot_tokens_are_the_history_as_of_the_day_start():
     import numpy as np
 
-    from models.prepare import user_tokens_per_example
+    from models.training.prepare import user_tokens_per_example
     from tests.models.fixtures import tiny_set
 
     data, bundle = tiny_set(), _tiny_user_bundle(snapshot="day")
@@ -229,8 +229,8 @@ def test_daily_snapshot_tokens_are_the_history_as_of_the_day_start():
 def test_without_snapshots_tokens_are_per_example():
     import numpy as np
 
-    from models.inference import embed_examples
-    from models.prepare import user_tokens_per_example
+    from models.inference.bundle import embed_examples
+    from models.training.prepare import user_tokens_per_example
     from tests.models.fixtures import tiny_set
 
     bundle = _tiny_user_bundle()

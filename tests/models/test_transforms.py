@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.transforms import AGE_CENTER, AGE_SCALE, lengths, normalize_age, previous_gaps, time_bucket
+from models.architectures.transforms import (
+    AGE_CENTER,
+    AGE_SCALE,
+    lengths,
+    normalize_age,
+    previous_gaps,
+    time_bucket,
+)
 
 
 def _log2_bucket(gap: int, num_buckets: int) -> int:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import BatchBuilder, Events
-from models.user_model import UserModel
+from models.architectures.user_model import UserModel
+from models.training.data import BatchBuilder, Events
 from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
 
@@ -105,7 +105,7 @@ def test_mean_pooling_ablation():
 
 
 def test_a_user_day_scored_at_once_equals_each_impression_alone():
-    from models.inference import predict
+    from models.inference.bundle import predict
 
     cfg = tiny_user_config(snapshot="day")
     builder = BatchBuilder(

@@ -18,12 +18,12 @@ from features.vocabulary import OOV, VocabularyConfig, save_vocabularies, text_i
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.data import USER_VOCAB_ROW, TrainingSet
 from models.embeddings.refresh import model_inputs
-from models.inference import load_bundle, predict
-from models.registry.flat import to_frame, to_training_set
-from models.registry.scoring import batch_builder
-from models.train import train
+from models.inference.bundle import load_bundle, predict
+from models.tracking.registry.flat import to_frame, to_training_set
+from models.tracking.registry.scoring import batch_builder
+from models.training.data import USER_VOCAB_ROW, TrainingSet
+from models.training.train import train
 from tests.models.fixtures import tiny_set_path
 
 TINY = {

@@ -66,7 +66,7 @@ def _service_pid(platform: Platform, name: str) -> int:
 
 
 def _versions(platform: Platform, model: str) -> list:
-    from models.mlflow_store import connect
+    from models.tracking.mlflow_store import connect
 
     return list(connect(platform.ws).search_model_versions(f"name='{model}'"))
 

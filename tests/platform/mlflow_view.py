@@ -24,12 +24,12 @@ from typer.testing import CliRunner
 from gemflow.cli import app
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
-from models import mlflow_store
 from models.config import TrainRunConfig
-from models.mlflow_store import ui_link
-from models.registry.gate import logged_model_id
-from models.registry.server import start_server
-from models.train import train
+from models.tracking import mlflow_store
+from models.tracking.mlflow_store import ui_link
+from models.tracking.registry.gate import logged_model_id
+from models.tracking.registry.server import start_server
+from models.training.train import train
 from tests.models.fixtures import write_training_set
 from tests.platform.ui import TIMEOUT_MS, _close_assistant, chromium_path
 from tests.ports import free_port

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from models.malloc import keep_freed_memory
+from gemflow.malloc import keep_freed_memory
 from serving import runtime
 
 

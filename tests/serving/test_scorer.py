@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from models import onednn
 from models.config import RankerConfig
-from models.data import Candidates, Events, Profile
-from models.inference import build_model
+from models.inference import onednn
+from models.inference.bundle import build_model
+from models.training.data import Candidates, Events, Profile
 from serving.scorer import UserInputs, score_recompute, score_shared, user_tokens
 
 VOCAB = {
@@ -75,7 +75,7 @@ def test_shared_kv_equals_per_candidate_recompute(tokens, n_events, pooling):
 
 
 def test_shared_kv_equals_recompute_on_the_onednn_path():
-    """Batches of at least ``onednn.MIN_ROWS`` candidates take the oneDNN GEMMs (``models.onednn``)."""
+    """Batches of at least ``onednn.MIN_ROWS`` candidates take the oneDNN GEMMs (``models.inference.onednn``)."""
     ranker = _ranker(True, "target")
     user, cands = _user(12, True), _cands(300)
     assert onednn.MIN_ROWS <= 256 and onednn.AVAILABLE
@@ -110,7 +110,7 @@ def test_a_cancelled_request_stops_between_batches():
 
 
 def test_the_server_loads_and_scripts_its_model_without_torchrec(world):
-    """A served ranker's tables are plain modules (``models.tokenizer.PlainTables``): the server process never
+    """A served ranker's tables are plain modules (``models.architectures.tokenizer.PlainTables``): the server process never
     imports torchrec (~215 MB of its memory: torchrec, fbgemm and what they pull in)."""
     import subprocess
     import sys

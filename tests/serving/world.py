@@ -179,8 +179,8 @@ def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int, d_model: int) -> Path:
     import torch
 
     from models.config import RankerConfig
-    from models.data import DenseSpec
-    from models.inference import MODEL_FILE, ModelBundle, build_model, save_bundle
+    from models.inference.bundle import MODEL_FILE, ModelBundle, build_model, save_bundle
+    from models.training.data import DenseSpec
 
     torch.manual_seed(seed)
     # tiny for the tests; at the bench's d_model 64 the default ranker (configs/ranker.yaml: 4 heads, FFN x2)
@@ -209,7 +209,7 @@ def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int, d_model: int) -> Path:
 
 def write_offline_set(world: World, out: Path, user: int, candidates: np.ndarray, surface: int) -> Path:
     """The (user, candidate) pairs as a training set in ``features.training_sets``' contract, features joined as
-    Feast would join them (``ranker.parquet``), for ``models.inference.predict``."""
+    Feast would join them (``ranker.parquet``), for ``models.inference.bundle.predict``."""
     out.mkdir(parents=True, exist_ok=True)
     hist = world.recent.get(user)
     seq = {

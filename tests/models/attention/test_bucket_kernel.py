@@ -226,7 +226,7 @@ def test_dispatch_packed_falls_back_to_unbound_views_for_other_backends():
 def test_under_bf16_autocast_the_kernel_stays_fp32_and_matches_the_reference():
     """A block trained under ``torch.autocast`` (bench/gpu_attention.py's user-model step): the kernel's GEMMs
     must not be autocast to bf16 (mixed with its fp32 buffers they would fail)."""
-    from models.layers import TransformerBlock
+    from models.architectures.layers import TransformerBlock
 
     offsets = offsets_of([5, 0, 17, 9, 33])
     gen = torch.Generator().manual_seed(0)

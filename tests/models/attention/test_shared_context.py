@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import native
 from models.attention.shared_context import (
     FusedAttention,
     TorchAttention,
@@ -18,6 +17,7 @@ from models.attention.shared_context import (
     context_layout,
     reference_attend,
 )
+from models.inference import native
 
 
 def _fused(max_bits: int):

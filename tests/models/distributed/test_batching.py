@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.distributed.batching import example_costs, plan_epoch, split_balanced
+from models.training.distributed.batching import example_costs, plan_epoch, split_balanced
 
 
 def heavy_tailed_costs(n: int, seed: int = 0) -> np.ndarray:

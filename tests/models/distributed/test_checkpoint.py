@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from models.distributed.checkpoint import CheckpointError, CheckpointStore
+from models.training.distributed.checkpoint import CheckpointError, CheckpointStore
 
 
 def _write(value: str):
@@ -50,7 +50,7 @@ def test_a_process_killed_during_the_write_never_commits(tmp_path):
     code = textwrap.dedent(
         f"""
         import os, signal, time
-        from models.distributed.checkpoint import CheckpointStore
+        from models.training.distributed.checkpoint import CheckpointStore
         store = CheckpointStore({str(root)!r}, rank=0, keep=2)
         store.save(1, lambda f: (f / "part.txt").write_text("one"))
         def write(folder):
@@ -98,8 +98,8 @@ def test_state_round_trips_pickle_free_and_restores_the_rng_streams(tmp_path):
     import numpy as np
     import torch
 
-    from models.distributed.checkpoint import load_state, save_state
-    from models.distributed.run_checkpoint import rng_state, set_rng_state
+    from models.training.distributed.checkpoint import load_state, save_state
+    from models.training.distributed.run_checkpoint import rng_state, set_rng_state
 
     table = torch.nn.EmbeddingBag(5, 3)
     optim = torch.optim.Adagrad(table.parameters(), lr=0.1)
@@ -122,7 +122,7 @@ def test_state_round_trips_pickle_free_and_restores_the_rng_streams(tmp_path):
 
 
 def test_state_refuses_what_needs_pickle(tmp_path):
-    from models.distributed.checkpoint import save_state
+    from models.training.distributed.checkpoint import save_state
 
     with pytest.raises(TypeError, match="without pickle"):
         save_state({"f": object()}, tmp_path / "bad")
@@ -139,7 +139,7 @@ def test_deepspeed_files_resume_with_weights_only(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     import deepspeed
 
-    from models.distributed.checkpoint import weights_only_engine_loads
+    from models.training.distributed.checkpoint import weights_only_engine_loads
 
     config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": 1, "zero_optimization": {"stage": 2},
               "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}},

@@ -6,8 +6,8 @@ import pytest
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.distributed.config import DistributedConfig, validate_distributed
-from models.distributed.ds_config import deepspeed_config
+from models.training.distributed.config import DistributedConfig, validate_distributed
+from models.training.distributed.ds_config import deepspeed_config
 
 
 def test_deepspeed_config_from_run_config():
@@ -107,8 +107,8 @@ def test_invalid_settings_name_the_key(change, ffn, message):
 
 def test_launch_rejects_a_missing_training_set_before_starting_ranks(tmp_path):
     from gemflow.workspace import Workspace
-    from models.data import TrainingSetError
-    from models.distributed.launch import launch
+    from models.training.data import TrainingSetError
+    from models.training.distributed.launch import launch
 
     cfg = load_config(TrainRunConfig, None, {"training_set": "nowhere", "distributed.nproc": "2"})
     with pytest.raises(TrainingSetError, match="nowhere is not a training set: sequences.parquet is missing"):

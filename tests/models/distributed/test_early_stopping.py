@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from models.evaluate import load_for_evaluation
-from models.tracking import recorded_run_id
-from models.train import evaluate_rows
+from models.tracking.training_run import recorded_run_id
+from models.training.evaluate import load_for_evaluation
+from models.training.train import evaluate_rows
 from tests.models.distributed.conftest import gemflow_train, write_learnable_set
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,7 @@ def test_the_two_rank_run_logs_its_plots_to_mlflow(runs):
     from mlflow import MlflowClient
 
     from gemflow.workspace import Workspace
-    from models.mlflow_store import embedded_uri
+    from models.tracking.mlflow_store import embedded_uri
 
     run = runs[2]
     client = MlflowClient(tracking_uri=embedded_uri(Workspace(run.parent)))

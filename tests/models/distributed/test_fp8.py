@@ -8,18 +8,18 @@ import torch
 from torch import nn
 
 from gemflow.workspace import Workspace
-from models.distributed.config import Float8Config, MoEConfig
-from models.distributed.fp8 import (
+from models.training.distributed.config import Float8Config, MoEConfig
+from models.training.distributed.fp8 import (
     ScaledMMLinear,
     convert_to_float8,
     convert_to_scaled_mm,
     float8_filter,
     group_of,
 )
-from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
-from models.distributed.moe import swap_in_moe
-from models.prepare import prepare
-from models.train import loss_fn
+from models.training.distributed.model import DenseTower, ShardableSparse, sparse_ids
+from models.training.distributed.moe import swap_in_moe
+from models.training.prepare import prepare
+from models.training.train import loss_fn
 from tests.models.distributed.conftest import small_config
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from models.distributed import fp8_gemm
-from models.distributed.config import Float8Config
-from models.distributed.fp8 import convert_to_float8, convert_to_scaled_mm, float8_filter
-from models.distributed.fp8_gemm import (
+from models.training.distributed import fp8_gemm
+from models.training.distributed.config import Float8Config
+from models.training.distributed.fp8 import convert_to_float8, convert_to_scaled_mm, float8_filter
+from models.training.distributed.fp8_gemm import (
     emulated_scaled_mm,
     scaled_mm_reference,
     set_cpu_gemm,

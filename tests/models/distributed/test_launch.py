@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.distributed.run_checkpoint import CRASH_IN_CHECKPOINT
-from models.inference import load_bundle
-from models.layers import MixtureOfExperts
+from models.architectures.layers import MixtureOfExperts
+from models.inference.bundle import load_bundle
+from models.training.distributed.run_checkpoint import CRASH_IN_CHECKPOINT
 from tests.models.distributed.conftest import REPO, gemflow_train, write_learnable_set
 
 pytestmark = pytest.mark.integration

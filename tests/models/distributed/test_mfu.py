@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from gemflow.workspace import Workspace
-from models.distributed.mfu import counted_flops, measure_matmul_peak, mfu, user_model_flops
-from models.prepare import prepare
-from models.train import loss_fn
+from models.training.distributed.mfu import counted_flops, measure_matmul_peak, mfu, user_model_flops
+from models.training.prepare import prepare
+from models.training.train import loss_fn
 from tests.models.distributed.conftest import small_config
 
 

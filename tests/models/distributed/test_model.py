@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from gemflow.workspace import Workspace
-from models.distributed.model import DenseTower, ShardableSparse, next_event_sources, sparse_ids
-from models.prepare import prepare
-from models.train import loss_fn
+from models.training.distributed.model import DenseTower, ShardableSparse, next_event_sources, sparse_ids
+from models.training.prepare import prepare
+from models.training.train import loss_fn
 from tests.models.distributed.conftest import small_config
 
 

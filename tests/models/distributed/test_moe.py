@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from models.distributed.config import MoEConfig
-from models.distributed.moe import MoEFeedForward, export_state_dict
-from models.layers import FeedForward, MixtureOfExperts, TransformerBlock, use_moe_ffn
+from models.architectures.layers import FeedForward, MixtureOfExperts, TransformerBlock, use_moe_ffn
+from models.training.distributed.config import MoEConfig
+from models.training.distributed.moe import MoEFeedForward, export_state_dict
 
 
 def _blocks(ffn: nn.Module) -> nn.Module:

@@ -9,10 +9,10 @@ import pytest
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.distributed import precision
-from models.distributed.checkpoint import LATEST, checkpoint_name
-from models.distributed.launch import run_precision
-from models.distributed.run_checkpoint import check_precision
+from models.training.distributed import precision
+from models.training.distributed.checkpoint import LATEST, checkpoint_name
+from models.training.distributed.launch import run_precision
+from models.training.distributed.run_checkpoint import check_precision
 
 
 def test_bf16_is_chosen_only_when_it_is_not_slower():

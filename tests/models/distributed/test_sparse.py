@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 
 from gemflow.workspace import Workspace
-from models.distributed.model import DenseTower, ShardableSparse, sparse_ids
-from models.distributed.run_checkpoint import check_table_split
-from models.distributed.sparse import SparseLookup, split_tables
-from models.prepare import prepare
+from models.training.distributed.model import DenseTower, ShardableSparse, sparse_ids
+from models.training.distributed.run_checkpoint import check_table_split
+from models.training.distributed.sparse import SparseLookup, split_tables
+from models.training.prepare import prepare
 from tests.models.distributed.conftest import small_config
 
 

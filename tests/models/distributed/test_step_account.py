@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from models.attention import dispatch
-from models.distributed import step_account
-from models.distributed.step_account import CATEGORIES, account
+from models.training.distributed import step_account
+from models.training.distributed.step_account import CATEGORIES, account
 
 
 def _step(w, table, q, k, v, opt):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.distributed.profiling import PERF_WARMUP_STEPS, StepProfiler, write_perf
+from models.training.distributed.profiling import PERF_WARMUP_STEPS, StepProfiler, write_perf
 
 
 def test_perf_reports_the_slowest_rank_per_step_after_warm_up(tmp_path):

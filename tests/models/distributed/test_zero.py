@@ -6,7 +6,7 @@ import pytest
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.distributed import zero
+from models.training.distributed import zero
 
 GIB_OF_STATE = 2**30 // zero.STATE_BYTES_PER_PARAMETER  # parameters whose optimizer state is 1 GiB
 

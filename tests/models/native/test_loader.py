@@ -1,4 +1,4 @@
-"""``models.native.load`` as a fresh process meets it: a cached library, a broken one, no compiler, switched off.
+"""``models.inference.native.load`` as a fresh process meets it: a cached library, a broken one, no compiler, switched off.
 
 Each case runs in its own interpreter (a process can register the ``gemflow`` op namespace once) with its own
 kernel directory."""
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 PROBE = """
 import logging, sys, torch
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-from models import native
+from models.inference import native
 ok = native.load()
 print("LOADED", ok)
 if ok:

@@ -17,15 +17,15 @@ from mlflow import MlflowClient
 
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.data import TrainingSet
-from models.inference import predict
-from models.registry import GateConfig, load_registered, register_bundle, rollback, run_gate
-from models.registry.flat import to_frame
-from models.registry.gate import decide
-from models.registry.heldout import evaluator
-from models.registry.scoring import batch_builder
-from models.registry.server import start_server
-from models.train import train
+from models.inference.bundle import predict
+from models.tracking.registry import GateConfig, load_registered, register_bundle, rollback, run_gate
+from models.tracking.registry.flat import to_frame
+from models.tracking.registry.gate import decide
+from models.tracking.registry.heldout import evaluator
+from models.tracking.registry.scoring import batch_builder
+from models.tracking.registry.server import start_server
+from models.training.data import TrainingSet
+from models.training.train import train
 from tests.models.fixtures import write_training_set
 from tests.ports import free_port
 

@@ -24,13 +24,13 @@ from typer.testing import CliRunner
 from gemflow.cli import app
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
-from models import mlflow_store
 from models.config import TrainRunConfig
-from models.data import TrainingSet
-from models.registry.flat import to_frame
-from models.registry.gate import logged_model_id
-from models.tracking import RUN_RECORD, recorded_run_id
-from models.train import train
+from models.tracking import mlflow_store
+from models.tracking.registry.flat import to_frame
+from models.tracking.registry.gate import logged_model_id
+from models.tracking.training_run import RUN_RECORD, recorded_run_id
+from models.training.data import TrainingSet
+from models.training.train import train
 from serving.model_source import load_served_model
 from tests.models.fixtures import write_training_set
 
@@ -212,7 +212,7 @@ def test_logged_model_loads_in_a_fresh_venv_from_its_declared_requirements(regis
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, cwd=tmp_path)
     started = time.perf_counter()
-    subprocess.run(  # exact pins, no resolver: torchrec names the CUDA fbgemm-gpu (models.registry.environment)
+    subprocess.run(  # exact pins, no resolver: torchrec names the CUDA fbgemm-gpu (models.tracking.registry.environment)
         [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "-r", path / "requirements.txt"],
         check=True, cwd=tmp_path, env=env,
     )  # fmt: skip

@@ -24,14 +24,14 @@ from typer.testing import CliRunner
 from gemflow.cli import app
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
-from models import mlflow_store
 from models.config import TrainRunConfig
-from models.registry import register_bundle, run_gate
-from models.registry.gate import GateConfig
-from models.registry.logging import BUNDLE_HASH_TAG, existing_version
-from models.registry.server import start_server
-from models.tracking import recorded_run_id
-from models.train import train
+from models.tracking import mlflow_store
+from models.tracking.registry import register_bundle, run_gate
+from models.tracking.registry.gate import GateConfig
+from models.tracking.registry.logging import BUNDLE_HASH_TAG, existing_version
+from models.tracking.registry.server import start_server
+from models.tracking.training_run import recorded_run_id
+from models.training.train import train
 from tests.models.fixtures import write_training_set
 from tests.models.registry.test_lineage import LOOSE, NAME, SMALL
 from tests.ports import free_port
@@ -77,7 +77,7 @@ def test_register_bundle_reuses_the_version_without_logging_again(store, tmp_pat
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "model.pt").write_bytes(b"weights")
-    from models.registry import logging as registry_logging
+    from models.tracking.registry import logging as registry_logging
 
     bundle = type("B", (), {"kind": "ranker", "user_model_version": "gem-user-model/3"})()
     monkeypatch.setattr(registry_logging, "recorded_run_id", lambda _: run_id)
@@ -199,7 +199,7 @@ def test_killed_server_fails_clearly_and_the_retry_registers_one_version(served,
 
     procs.append(start_server(ws.mlflow, port=port, new_session=True))
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    with caplog.at_level(logging.INFO, logger="models.registry.logging"):
+    with caplog.at_level(logging.INFO, logger="models.tracking.registry.logging"):
         retry = CliRunner().invoke(app, cli(ws, url, run_dir))
     assert retry.exit_code == 0, retry.output
     assert f"{NAME} v{first.version} is already registered from training run {run_id}" in caplog.text

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from models.config import TrainRunConfig
-from models.prepare import prepare
 from models.scaling.flops import sample_rows, step_flops, training_flops_per_example
+from models.training.prepare import prepare
 from tests.models.fixtures import tiny_set_path
 
 

@@ -42,7 +42,7 @@ def ws(workspace):
 def _child_runs(ws, parent_id):
     import mlflow
 
-    from models.mlflow_store import use
+    from models.tracking.mlflow_store import use
 
     use(ws)  # not mlflow.set_tracking_uri: it exports the URI, which later tests' workspaces would inherit
     return mlflow.search_runs(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from models.data import TrainingSet
 from models.scaling.valid_split import DROPPED, subsample_valid
+from models.training.data import TrainingSet
 from tests.models.fixtures import write_training_set
 
 

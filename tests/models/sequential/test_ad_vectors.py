@@ -11,7 +11,6 @@ import torch
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.data import TrainingSet
 from models.embeddings.ad_vectors import (
     USER_QUERY_FILE,
     AdVectors,
@@ -21,10 +20,11 @@ from models.embeddings.ad_vectors import (
     user_queries,
     write_ad_vectors,
 )
-from models.inference import load_bundle
+from models.inference.bundle import load_bundle
 from models.sequential.data import SequenceSet
 from models.sequential.evaluate import model_scorer
-from models.train import train
+from models.training.data import TrainingSet
+from models.training.train import train
 from serving.retrieval.index import IndexConfig, build_index
 
 SMALL = {

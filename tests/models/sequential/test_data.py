@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from models.data import USER_VOCAB_ROW, TrainingSet
 from models.sequential.data import ItemAttributes, SequenceSet
+from models.training.data import USER_VOCAB_ROW, TrainingSet
 
 
 def _items_per_user(data: TrainingSet) -> dict[int, list[int]]:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import TrainingSet
-from models.metrics import ranks_to_metrics
 from models.sequential.data import SequenceSet
 from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
+from models.training.data import TrainingSet
+from models.training.metrics import ranks_to_metrics
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import pytest
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.data import TrainingSet
-from models.inference import load_bundle
-from models.registry.gate import GateConfig, decide
-from models.registry.heldout import bundle_metrics
-from models.train import train
+from models.inference.bundle import load_bundle
+from models.tracking.registry.gate import GateConfig, decide
+from models.tracking.registry.heldout import bundle_metrics
+from models.training.data import TrainingSet
+from models.training.train import train
 
 
 def _small(name: str, out, epochs: int) -> dict:
@@ -48,8 +48,8 @@ def test_evaluate_cli_ranks_a_next_item_model_and_the_click_head_refuses(loo_set
     from typer.testing import CliRunner
 
     from gemflow.cli import app
-    from models.evaluate import loo_lists, score_lists
-    from models.prepare import prepare
+    from models.training.evaluate import loo_lists, score_lists
+    from models.training.prepare import prepare
 
     ws, name = loo_set
     overrides = _small(name, tmp_path, epochs=1)

@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.architectures.layers import segment_cumulative_mean
+from models.architectures.user_model import UserModel
 from models.config import NextItemConfig, SASRecConfig, UserModelConfig, resolve_user_model
-from models.data import TrainingSet
-from models.layers import segment_cumulative_mean
 from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
 from models.sequential.objective import next_item_loss, resolve_loss
 from models.sequential.sasrec import SASRec
-from models.user_model import UserModel
+from models.training.data import TrainingSet
 
 
 @pytest.fixture(scope="module")

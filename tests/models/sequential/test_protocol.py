@@ -9,13 +9,13 @@ import torch
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.data import TrainingSet
-from models.evaluate import loo_lists
-from models.leave_one_out import full_ranks, history_mask, training_catalog
-from models.metrics import ranks_to_metrics, sampled_ranks
 from models.sequential.data import SequenceSet
 from models.sequential.evaluate import rank_split, sequence_negatives
 from models.sequential.task import NextItemTask
+from models.training.data import TrainingSet
+from models.training.evaluate import loo_lists
+from models.training.leave_one_out import full_ranks, history_mask, training_catalog
+from models.training.metrics import ranks_to_metrics, sampled_ranks
 
 
 def test_full_ranking_masked_and_unmasked_by_hand():

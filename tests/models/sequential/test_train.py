@@ -9,11 +9,11 @@ import pytest
 
 from gemflow.config import load_config
 from models.config import TrainRunConfig
-from models.data import TrainingSet
-from models.inference import load_bundle
+from models.inference.bundle import load_bundle
 from models.sequential.data import SequenceSet
 from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives
-from models.train import train
+from models.training.data import TrainingSet
+from models.training.train import train
 
 BASE = {
     "tracking.enabled": False,
@@ -70,9 +70,9 @@ def test_sasrec_trains_through_the_same_loop(loo_set, tmp_path, loss):
 
 
 def test_the_objective_follows_the_split_and_multi_process_training_says_why_not(loo_set, tmp_path):
-    from models.prepare import prepare
     from models.sequential.task import NextItemTask
-    from models.train import ClickTask, make_task
+    from models.training.prepare import prepare
+    from models.training.train import ClickTask, make_task
 
     ws, name = loo_set
     cfg = load_config(TrainRunConfig, None, {**BASE, "training_set": name, "output_dir": str(tmp_path)})
@@ -86,7 +86,7 @@ def test_the_objective_follows_the_split_and_multi_process_training_says_why_not
 def test_a_time_split_set_re_split_leave_one_out_trains_for_the_next_item(tmp_path):
     """``split_mode: leave_one_out`` re-splits a labelled time-split set per user (its last positives): "auto"
     then means the next-item objective, as on a set built leave-one-out."""
-    from models.prepare import resolve_objective
+    from models.training.prepare import resolve_objective
 
     (tmp_path / "manifest.json").write_text(json.dumps({"split": "time"}))
     assert resolve_objective(load_config(TrainRunConfig, None, {}), tmp_path) == "click"

@@ -40,7 +40,7 @@ def test_the_newest_refresh_is_measured_and_tracked(ws):
 
     import mlflow
 
-    from models.mlflow_store import use
+    from models.tracking.mlflow_store import use
 
     use(ws)
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT])

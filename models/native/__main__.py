@@ -1,7 +1,0 @@
-"""``python -m models.native``: build (or find) gemflow's C++ kernels and say which paths they take here."""
-
-import sys
-
-from models.native import main
-
-sys.exit(main())
