@@ -82,9 +82,14 @@ class BatchBuilder:
             return self._snapshot_batch(rows)
         d = self.data
         batch = Batch(
-            history=d.history(rows, self.history_len, self.time_buckets, gap_to=self.gap_to,
-                              cuts=d.snapshot_cuts(rows) if self.fresh_as_of_day else None,
-                              fresh_delay_s=self.fresh_delay_s),  # fmt: skip
+            history=d.history(
+                rows,
+                self.history_len,
+                self.time_buckets,
+                gap_to=self.gap_to,
+                cuts=d.snapshot_cuts(rows) if self.fresh_as_of_day else None,
+                fresh_delay_s=self.fresh_delay_s,
+            ),
             candidates=d.candidates(rows, self.dense),
             labels=d.labels(rows),
             profile=d.profile(rows, self.age),
