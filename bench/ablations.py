@@ -187,7 +187,7 @@ def embed_flops_per_user(bundle, data, users: int = 256) -> float:
 
 def user_model_metrics(bundle, data) -> dict[str, float]:
     """The user model's own click/conversion head on ``data``'s valid and test splits."""
-    from models.training.data import BatchBuilder
+    from models.training.batch_builder import BatchBuilder
     from models.training.train import evaluate_rows
 
     cfg = bundle.cfg

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from features.vocabulary import Vocabulary, VocabularyConfig, raw_id, text_id
-from models.training.data import DenseSpec
+from models.training.dense import DenseSpec
 from serving.ad_table import AdSnapshot
 from serving.id_rows import IdRows
 from serving.inputs import AdArrays, candidate_rows

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import add_record_flag, record  # noqa: E402
 
 from models.attention import dispatch  # noqa: E402
-from models.attention.jagged import plan_cross, plan_self  # noqa: E402
+from models.attention.jagged_layout import plan_cross, plan_self  # noqa: E402
 
 CASES = {
     "self-causal-bias": "causal self-attention + relative position and time bias (the user model's layer)",

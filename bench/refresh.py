@@ -39,7 +39,7 @@ from models.config import UserModelConfig  # noqa: E402
 from models.embeddings.batching import token_budget_batches  # noqa: E402
 from models.embeddings.refresh import RefreshConfig, UserSequences, encode_parallel, encode_sequences  # noqa: E402
 from models.inference.bundle import ModelBundle, build_model  # noqa: E402
-from models.training.data import DenseSpec  # noqa: E402
+from models.training.dense import DenseSpec  # noqa: E402
 from models.training.distributed.mfu import counted_flops, measure_matmul_peak  # noqa: E402
 
 VOCAB = {"ad_id": 50_000, "advertiser_id": 2_000, "category_id": 300, "action": len(ACTIONS),

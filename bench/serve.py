@@ -219,7 +219,7 @@ def shared_vs_recompute(
     import torch
 
     from models.inference import one_user
-    from models.training.data import Candidates, Events, Profile
+    from models.training.batch import Candidates, Events, Profile
     from serving import runtime
     from serving.model_source import load_served_model
     from serving.scorer import UserInputs, score_recompute, score_shared
@@ -304,7 +304,7 @@ def varied_counts(ranker, user, sizes, ints, vocab, served, requests: int = 400)
     import torch
 
     from models.inference import one_user
-    from models.training.data import Candidates
+    from models.training.batch import Candidates
 
     print(
         f"   varied candidate counts ({requests} requests), scorer CPU ms per request over the last half, median / mean:"
@@ -343,7 +343,7 @@ def compiled_scorer(ranker, user, sizes, reps, ints, vocab, served) -> None:
     from models.attention.dispatch import stop_compiles_at_boundaries
     from models.inference.compile import use_cache_dir
     from models.inference.one_user import OneUserScorer
-    from models.training.data import Candidates
+    from models.training.batch import Candidates
     from serving.scorer import score_shared
 
     use_cache_dir()

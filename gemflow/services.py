@@ -2,7 +2,8 @@
 pid, group and start time (a reused pid is not the service); and one marker variable (``GEMFLOW_PLATFORM_ID``)
 that every process a service starts inherits, so that ``stop_services`` finds what left its service's group (a task
 process, a training rank, a model server in a session of its own). The process mechanics are
-``gemflow.processes``'; which services the platform runs, and their environment, are ``gemflow.platform``'s."""
+``gemflow.processes``'; which services the platform runs is ``gemflow.platform``'s, and their environment
+``gemflow.platform_env``'s."""
 
 from __future__ import annotations
 

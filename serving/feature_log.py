@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gemflow.workspace import Workspace
-from models.training.data import Events
+from models.training.batch import Events
 from serving.config import FeatureLogConfig
 from serving.inputs import fresh_window
 from serving.user_features import UserFeatures

@@ -1,4 +1,4 @@
-"""Online features -> the ranker's tensors, with exactly the transforms training applies (``models.training.data``).
+"""Online features -> the ranker's tensors, with exactly the transforms training applies (``models.training.batch_builder``).
 
 - recent events: the online store's last events, oldest first, those older than ``fresh_cutoff(request_ts,
   ranker.fresh_delay_s)`` (what training reads: ``TrainingSet.events_at``), cut to ``ranker.recent_events``;
@@ -22,7 +22,8 @@ import torch
 
 from features.schema import SURFACE_ID
 from models.architectures.transforms import fresh_cutoff, normalize_age, time_bucket
-from models.training.data import Candidates, DenseSpec, Events, Profile
+from models.training.batch import Candidates, Events, Profile
+from models.training.dense import DenseSpec
 from serving.ad_table import AdSnapshot
 from serving.id_rows import IdRows
 from serving.user_features import UserFeatures

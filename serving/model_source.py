@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gemflow.workspace import Workspace
 from models.architectures.ranker import Ranker
-from models.training.data import DenseSpec
+from models.training.dense import DenseSpec
 
 
 @dataclass

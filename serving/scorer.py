@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from models.architectures.ranker import CandidateQueries, Ranker
-from models.training.data import Batch, Candidates, Events, Profile
+from models.training.batch import Batch, Candidates, Events, Profile
 
 
 @dataclass

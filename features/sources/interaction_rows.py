@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from features.sources.interactions import InteractionFormat
+    from features.sources.interaction_format import InteractionFormat
 
 TRUE_LABELS, FALSE_LABELS = ("1", "true", "yes", "y", "t"), ("0", "false", "no", "n", "f")
 # 01/03/2026, 1.3.26, 01-03-2026: day-first or month-first cannot be told from the text

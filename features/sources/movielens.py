@@ -18,7 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from features.sources.interactions import InteractionFormat, import_interactions
+from features.sources.interaction_format import InteractionFormat
+from features.sources.interactions import import_interactions
 from gemflow.workspace import Workspace
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "movielens-100k"

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from features.sources.interactions import InteractionFormat, InteractionFormatError, import_interactions
+from features.sources.interaction_format import InteractionFormat, InteractionFormatError
+from features.sources.interactions import import_interactions
 from gemflow.workspace import Workspace
 
 SEQUENCE_FORMAT = InteractionFormat(

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         """Start the platform (Airflow API server + UI, scheduler, DAG processor, triggerer; MLflow UI; endpoint)."""
         import time
 
-        from gemflow.platform import Platform, PlatformError
+        from gemflow.platform import Platform
+        from gemflow.services import PlatformError
 
         t0 = time.monotonic()
         p = Platform(workspace(ws), config(_cfg(), cfg_path, overrides))
@@ -48,7 +49,8 @@ def register(app: typer.Typer) -> None:
     @app.command("down")
     def down_cmd(ws: WorkspaceOpt = None) -> None:
         """Stop everything `gemflow up` started from this workspace (tasks, ranks and the endpoint included)."""
-        from gemflow.platform import Platform, PlatformError
+        from gemflow.platform import Platform
+        from gemflow.services import PlatformError
 
         try:
             Platform(workspace(ws)).down(echo=typer.echo)
@@ -62,7 +64,8 @@ def register(app: typer.Typer) -> None:
         ws: WorkspaceOpt = None,
     ) -> None:
         """Start one service of the running platform again (after a crash or a kill), same command and marker."""
-        from gemflow.platform import Platform, PlatformError
+        from gemflow.platform import Platform
+        from gemflow.services import PlatformError
 
         try:
             Platform(workspace(ws)).restart(service, echo=typer.echo)
@@ -81,7 +84,8 @@ def register(app: typer.Typer) -> None:
         """Follow the running platform's DAG runs until DAG has succeeded once (exit 1 on a failed run)."""
         import time
 
-        from gemflow.platform import Platform, PlatformError
+        from gemflow.platform import Platform
+        from gemflow.services import PlatformError
 
         t0 = time.monotonic()
         try:
@@ -107,7 +111,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _cfg():
-    from gemflow.platform import PlatformConfig
+    from gemflow.platform_env import PlatformConfig
 
     return PlatformConfig
 

@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Any (user, item, time-or-order, label/rating, attributes) log -> raw day partitions
         (docs/interaction-format.md)."""
-        from features.sources.interactions import InteractionFormat
+        from features.sources.interaction_format import InteractionFormat
         from features.sources.interactions import import_interactions as run
 
         try:

@@ -56,7 +56,7 @@ from models.architectures.transforms import lengths
 from models.config import RankerConfig
 from models.inference import one_user, onednn
 from models.inference.one_user import OneUserScorer
-from models.training.data import CANDIDATE_ID_FIELDS, EVENT_ID_FIELDS, Batch, Candidates, Events, Profile
+from models.training.batch import CANDIDATE_ID_FIELDS, EVENT_ID_FIELDS, Batch, Candidates, Events, Profile
 
 PROFILE_TOKENS = 3  # age, gender, country
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.training.data import EVENT_ID_FIELDS, Events
+from models.training.batch import EVENT_ID_FIELDS, Events
 
 GAP_TABLE = "gap_bucket"
 

@@ -1,6 +1,6 @@
 """Feature transforms shared by training and serving: one definition each, so the two cannot drift apart.
 
-Imported by the batch builder (``models.training.data``), the models (``models.architectures.layers``, ``models.architectures.ranker``), the
+Imported by the training set and its batch builder (``models.training.data``, ``models.training.batch_builder``), the models (``models.architectures.layers``, ``models.architectures.ranker``), the
 attention reference and the server's input builder (``serving.inputs``). Each works on numpy arrays and torch
 tensors alike and returns the same kind it was given.
 """

@@ -35,7 +35,7 @@ from models.architectures.tokenizer import GAP_TABLE, EventTokenizer, SparseArch
 from models.architectures.transforms import lengths
 from models.config import UserModelConfig
 from models.sequential.data import ItemAttributes
-from models.training.data import CANDIDATE_ID_FIELDS, Batch, Candidates, Events
+from models.training.batch import CANDIDATE_ID_FIELDS, Batch, Candidates, Events
 
 
 def user_model_tables(cfg: UserModelConfig, vocab: dict[str, int]) -> dict[str, int]:

@@ -28,7 +28,7 @@ freed memory in the process (``gemflow.malloc``), which makes re-allocating them
 
 Every bucket's saved state (fp32 Q, K, V and P) is what the math kernel's autograd keeps as well.
 
-A bucket (``models.attention.jagged.Bucket``) gives: ``slot_rows`` (n * L,) int64, the source row of every slot
+A bucket (``models.attention.jagged_layout.Bucket``) gives: ``slot_rows`` (n * L,) int64, the source row of every slot
 (a padded slot repeats its sequence's last row); ``valid`` (n, L) bool; ``padded``; ``start``, its first slot in
 the buffer of all buckets; ``n`` and ``max_len``.
 """

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from models.inference.bundle import ModelBundle
-from models.training.data import Events
+from models.training.batch import Events
 
 RETRIEVAL_TABLE = "retrieval"
 AD_VECTOR_FILE = "ad_vectors.parquet"

@@ -52,7 +52,7 @@ from models.embeddings.ad_vectors import (
 )
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
 from models.inference.bundle import ModelBundle, load_bundle, save_bundle
-from models.training.data import Events
+from models.training.batch import Events
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,9 @@ from models.architectures.user_model import UserModel
 from models.config import RankerConfig, SASRecConfig, UserModelConfig
 from models.sequential.data import ItemAttributes
 from models.sequential.sasrec import SASRec
-from models.training.data import BatchBuilder, DenseSpec, TrainingSet
+from models.training.batch_builder import BatchBuilder
+from models.training.data import TrainingSet
+from models.training.dense import DenseSpec
 
 CONFIGS = {"user": UserModelConfig, "ranker": RankerConfig, "sasrec": SASRecConfig}
 

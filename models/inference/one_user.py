@@ -31,7 +31,7 @@ from models.architectures.tokenizer import GAP_TABLE, SparseArch, gather_rows
 from models.attention.shared_context import FusedAttention, attention_module, context_layout
 from models.inference import onednn
 from models.inference.row_buckets import bucket_rows
-from models.training.data import EVENT_ID_FIELDS
+from models.training.batch import EVENT_ID_FIELDS
 
 log = logging.getLogger(__name__)
 

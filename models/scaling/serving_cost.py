@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import models.training.distributed.mfu  # noqa: F401  (registers the CPU SDPA flop formula)
-from models.training.data import BatchBuilder
+from models.training.batch_builder import BatchBuilder
 
 
 @torch.no_grad()

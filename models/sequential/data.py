@@ -22,7 +22,8 @@ import torch
 
 from features.vocabulary import Vocabulary
 from models.architectures.transforms import lengths
-from models.training.data import USER_VOCAB_ROW, Events, TrainingSet, TrainingSetError
+from models.training.batch import Events
+from models.training.data import USER_VOCAB_ROW, TrainingSet, TrainingSetError
 
 
 @dataclass

@@ -19,7 +19,7 @@ from torch import nn
 
 from models.architectures.fast_dropout import FastDropout
 from models.config import SASRecConfig
-from models.training.data import Events
+from models.training.batch import Events
 
 
 class SASRecAttention(nn.Module):

@@ -16,7 +16,8 @@ from models.inference.bundle import ModelBundle, build_model
 from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
 from models.sequential.evaluate import catalog_mask, model_scorer, rank_split, sequence_negatives
 from models.sequential.objective import next_item_loss, resolve_loss
-from models.training.data import DenseSpec, TrainingSet
+from models.training.data import TrainingSet
+from models.training.dense import DenseSpec
 
 
 class NextItemTask:

@@ -1,4 +1,4 @@
-"""Batches from a training set (``features.training_sets``' on-disk contract), jagged end to end.
+"""A training set (``features.training_sets``' on-disk contract) loaded as flat arrays, jagged end to end.
 
 A training set folder holds ``sequences.parquet`` (one row per user, one list column per history field),
 ``examples.parquet`` (one row per impression: ``user_row`` + ``cut`` locate its history),
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +22,9 @@ import torch
 from features.schema import ACTIONS, GENDERS, HISTORY_FIELDS, SURFACES
 from features.splits import leave_one_out_split  # noqa: F401  (re-exported: the models' split helpers)
 from features.vocabulary import Vocabulary, load_vocabularies
-from models.architectures.transforms import fresh_cutoff, lengths, normalize_age, previous_gaps, time_bucket
+from models.architectures.transforms import fresh_cutoff, previous_gaps, time_bucket
+from models.training.batch import CANDIDATE_ID_FIELDS, Candidates, Events, Profile
 
-log = logging.getLogger(__name__)
-
-EVENT_ID_FIELDS = ("ad_id", "action", "surface", "category_id", "advertiser_id")
-CANDIDATE_ID_FIELDS = ("ad_id", "advertiser_id", "category_id", "surface")
 LABELS = ("click", "conversion")
 USER_VOCAB_ROW = "user_vocab_row"  # examples' user_id as the row of the model's user table (an id column)
 DAY_S = 86_400
@@ -60,114 +55,6 @@ def profile_column(frame: pd.DataFrame, what: str) -> np.ndarray | None:
 
 class TrainingSetError(ValueError):
     """A training-set folder is missing a file or a column, or holds inconsistent rows."""
-
-
-# ----------------------------------------------------------------------------------------------- batch types
-@dataclass
-class Events:
-    """Jagged events of B sequences: one (total,) tensor per field, ``offsets`` (B + 1,)."""
-
-    ad_id: torch.Tensor
-    action: torch.Tensor
-    surface: torch.Tensor
-    category_id: torch.Tensor
-    advertiser_id: torch.Tensor
-    ts: torch.Tensor  # int64 seconds
-    gap_bucket: torch.Tensor  # bucketed time gap (to the event before it, or to the request time)
-    offsets: torch.Tensor
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return lengths(self.offsets)
-
-    @property
-    def batch_size(self) -> int:
-        return self.offsets.numel() - 1
-
-
-@dataclass
-class Candidates:
-    """N candidate ads (ids + dense features), ``offsets`` (B + 1,) grouping them by user/request."""
-
-    ad_id: torch.Tensor
-    advertiser_id: torch.Tensor
-    category_id: torch.Tensor
-    surface: torch.Tensor
-    dense: torch.Tensor  # (N, F) float32, already normalized
-    offsets: torch.Tensor
-
-    def select(self, idx: torch.Tensor) -> Candidates:
-        """A subset of candidates as one group each (tests: compare one-by-one with many-at-once)."""
-        kw = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "offsets"}
-        return Candidates(**kw, offsets=torch.arange(idx.numel() + 1))
-
-
-@dataclass
-class Profile:
-    """User-side context for the ranker, one row per user/request."""
-
-    user_id: torch.Tensor
-    gender: torch.Tensor
-    country: torch.Tensor
-    dense: torch.Tensor  # (B, P) float32 (age, normalized)
-
-
-@dataclass
-class Batch:
-    history: Events  # user model: the long history; ranker: the recent fresh events
-    candidates: Candidates
-    labels: torch.Tensor  # (N, 2) float32: click, conversion
-    profile: Profile
-    user_tokens: torch.Tensor | None = None  # ranker: (B, K, d_user) cached user embedding
-    user_token_mask: torch.Tensor | None = None  # (B,) bool: row has a cached embedding
-
-    def to(self, device: torch.device) -> Batch:
-        def move(x):
-            if isinstance(x, torch.Tensor):
-                return x.to(device)
-            if x is None:
-                return None
-            return replace(x, **{f.name: move(getattr(x, f.name)) for f in fields(x)})
-
-        return move(self)
-
-
-# ----------------------------------------------------------------------------------------------- the set
-@dataclass
-class DenseSpec:
-    """Dense feature columns and their normalization (log1p of magnitudes, then train-split z-scores)."""
-
-    columns: list[str]
-    mean: list[float]
-    std: list[float]
-
-    def apply(self, frame: pd.DataFrame) -> np.ndarray:
-        if not self.columns:
-            return np.zeros((len(frame), 0), np.float32)
-        missing = [c for c in self.columns if c not in frame]
-        if missing:
-            raise TrainingSetError(f"dense feature column(s) {missing} are missing from the training set")
-        x = _squash(frame[self.columns].to_numpy(np.float64))
-        return ((x - np.array(self.mean)) / np.array(self.std)).astype(np.float32)
-
-    @classmethod
-    def fit(cls, frame: pd.DataFrame, columns: list[str]) -> DenseSpec:
-        """Z-scores from ``frame`` (the train split). A column that is constant there (e.g. yesterday's ad
-        stats on the first logged day: all missing) is left out: the model could learn nothing from it, and
-        the values it takes later would move the scores through weights its training never touched."""
-        x = _squash(frame[columns].to_numpy(np.float64)) if columns else np.zeros((1, 0))
-        mean = np.nanmean(x, axis=0) if len(x) else np.zeros(len(columns))
-        std = np.nanstd(x, axis=0) if len(x) else np.ones(len(columns))
-        varies = std > 1e-6 if len(x) > 1 else np.ones(len(columns), bool)
-        if not varies.all():
-            dropped = [c for c, v in zip(columns, varies, strict=True) if not v]
-            log.warning("dense feature(s) constant on the train split, left out: %s", ", ".join(dropped))
-        keep = np.flatnonzero(varies)
-        return cls([columns[i] for i in keep], np.nan_to_num(mean[keep]).tolist(), std[keep].tolist())
-
-
-def _squash(x: np.ndarray) -> np.ndarray:
-    return np.nan_to_num(np.sign(x) * np.log1p(np.abs(x)))
 
 
 class TrainingSet:
@@ -468,103 +355,3 @@ def _align_ranker(ranker: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
     if len(ranker) != len(examples):
         raise TrainingSetError("ranker.parquet and examples.parquet differ in rows and share no example_id")
     return ranker.reset_index(drop=True)
-
-
-# ----------------------------------------------------------------------------------------------- batching
-class BatchBuilder:
-    """Turns example rows into a ``Batch``: the user model reads the long history (each event's gap to the one
-    before it: causal, and the user embedding does not depend on when it is computed); the ranker reads the
-    recent events (gaps to the request time) plus cached user tokens.
-
-    ``snapshot="day"`` (user model): every example reads its user's history as of the start of its day, the
-    history a daily embedding refresh holds, and each run of consecutive rows of one user-day becomes ONE
-    history with many candidates (``candidates.offsets``), so a user-day is encoded once however many
-    impressions it has. Order rows with ``epoch_order`` / ``grouped`` to make those runs long."""
-
-    def __init__(
-        self,
-        data: TrainingSet,
-        dense: DenseSpec,
-        *,
-        history_len: int,
-        time_buckets: int,
-        gap_to: str,
-        user_embeddings: np.ndarray | None = None,
-        user_present: np.ndarray | None = None,
-        num_user_tokens: int = 0,
-        snapshot: str = "example",
-        fresh_delay_s: int | None = None,
-        fresh_as_of_day: bool = False,
-    ):
-        if snapshot not in SNAPSHOTS:
-            raise ValueError(f"snapshot must be one of {sorted(SNAPSHOTS)}, got {snapshot!r}")
-        if SNAPSHOTS[snapshot] and user_embeddings is not None:
-            raise ValueError("snapshot batches are for the user model; cached user tokens are per example")
-        if fresh_delay_s is not None and gap_to != "request":
-            raise ValueError("fresh_delay_s is the ranker's (gap_to='request'): what the online store serves")
-        self.snapshot_every, self.fresh_delay_s = SNAPSHOTS[snapshot], fresh_delay_s
-        # evaluation only: the ranker's fresh events as a daily-only online store holds them (the day's start)
-        self.fresh_as_of_day = fresh_as_of_day
-        self.data = data
-        self.history_len, self.time_buckets, self.gap_to = history_len, time_buckets, gap_to
-        self.dense = dense.apply(data.dense_frame())
-        frame = data.dense_frame()
-        age = profile_column(frame, "age")
-        self.age = normalize_age(np.zeros(len(frame)) if age is None else age)
-        self.user_embeddings, self.user_present, self.k = user_embeddings, user_present, num_user_tokens
-        if user_embeddings is not None and (
-            num_user_tokens < 1 or user_embeddings.shape[1] % num_user_tokens
-        ):
-            raise ValueError(
-                f"cached user embeddings of width {user_embeddings.shape[1]} do not split into "
-                f"{num_user_tokens} tokens (ranker.num_user_tokens)"
-            )
-
-    def grouped(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` reordered so each snapshot group is contiguous (identity without snapshots)."""
-        if not self.snapshot_every:
-            return rows
-        group, _ = self.data.snapshot_groups(rows, self.snapshot_every)
-        return rows[np.argsort(group, kind="stable")]
-
-    def epoch_order(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """A shuffled training order: rows, or whole snapshot groups (rows of a group stay together)."""
-        if not self.snapshot_every:
-            return rng.permutation(rows)
-        group, _ = self.data.snapshot_groups(rows, self.snapshot_every)
-        rank = rng.permutation(group.max() + 1 if len(group) else 0)[group]
-        return rows[np.argsort(rank, kind="stable")]
-
-    def __call__(self, rows: np.ndarray) -> Batch:
-        if self.snapshot_every:
-            return self._snapshot_batch(rows)
-        d = self.data
-        batch = Batch(
-            history=d.history(rows, self.history_len, self.time_buckets, gap_to=self.gap_to,
-                              cuts=d.snapshot_cuts(rows) if self.fresh_as_of_day else None,
-                              fresh_delay_s=self.fresh_delay_s),  # fmt: skip
-            candidates=d.candidates(rows, self.dense),
-            labels=d.labels(rows),
-            profile=d.profile(rows, self.age),
-        )
-        if self.user_embeddings is not None:
-            emb = self.user_embeddings[rows]
-            batch.user_tokens = torch.from_numpy(emb.reshape(len(rows), self.k, -1))
-            batch.user_token_mask = torch.from_numpy(self.user_present[rows])
-        return batch
-
-    def _snapshot_batch(self, rows: np.ndarray) -> Batch:
-        d = self.data
-        group, cuts = d.snapshot_groups(rows, self.snapshot_every)
-        first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])  # runs of consecutive rows
-        offsets = torch.from_numpy(np.r_[first, len(rows)].astype(np.int64))
-        head = rows[first]
-        candidates = replace(d.candidates(rows, self.dense), offsets=offsets)
-        return Batch(
-            history=d.history(
-                head, self.history_len, self.time_buckets, gap_to=self.gap_to, cuts=cuts[first]
-            ),
-            candidates=candidates,
-            labels=d.labels(rows),
-            profile=d.profile(head, self.age),
-        )

@@ -25,13 +25,9 @@ import torch.nn.functional as F
 
 from models.architectures.transforms import lengths
 from models.inference.bundle import ModelBundle, batches, embed_examples, load_bundle
-from models.training.data import (
-    CANDIDATE_ID_FIELDS,
-    BatchBuilder,
-    Candidates,
-    TrainingSet,
-    leave_one_out_split,
-)
+from models.training.batch import CANDIDATE_ID_FIELDS, Candidates
+from models.training.batch_builder import BatchBuilder
+from models.training.data import TrainingSet, leave_one_out_split
 from models.training.leave_one_out import negative_lists
 from models.training.metrics import rank_metrics
 

@@ -22,14 +22,9 @@ from models.inference.bundle import (
     embed_examples,
     load_bundle,
 )
-from models.training.data import (
-    SNAPSHOTS,
-    USER_VOCAB_ROW,
-    BatchBuilder,
-    DenseSpec,
-    TrainingSet,
-    leave_one_out_split,
-)
+from models.training.batch_builder import BatchBuilder
+from models.training.data import SNAPSHOTS, USER_VOCAB_ROW, TrainingSet, leave_one_out_split
+from models.training.dense import DenseSpec
 
 
 def resolve_training_set(name_or_path: str, ws: Workspace) -> Path:

@@ -19,7 +19,8 @@ from gemflow.cli import app
 from gemflow.workspace import Workspace
 from models.config import RankerConfig, UserModelConfig
 from models.inference.bundle import ModelBundle, build_model, save_bundle
-from models.training.data import DenseSpec, TrainingSet
+from models.training.data import TrainingSet
+from models.training.dense import DenseSpec
 from tests.dags.airflow_env import DAGS, airflow_env, migrate, require_airflow, run_airflow_python
 from tests.features.helpers import DAY0, ads_frame, events_frame, publish_without_gate, users_frame
 

@@ -11,7 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from features.sources.interactions import InteractionFormat, InteractionFormatError, import_interactions
+from features.sources.interaction_format import InteractionFormat, InteractionFormatError
+from features.sources.interactions import import_interactions
 from gemflow.commands import sources as source_commands
 from gemflow.workspace import Workspace
 

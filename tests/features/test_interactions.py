@@ -12,12 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from features.schema import SCHEMAS
-from features.sources.interactions import (
-    InteractionFormat,
-    InteractionFormatError,
-    import_interactions,
-    read_table,
-)
+from features.sources.interaction_format import InteractionFormat, InteractionFormatError, read_table
+from features.sources.interactions import import_interactions
 from features.vocabulary import text_id
 from gemflow.commands import sources as source_commands
 from gemflow.workspace import Workspace

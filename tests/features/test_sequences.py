@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from features.sources.interactions import InteractionFormatError
+from features.sources.interaction_format import InteractionFormatError
 from features.sources.sequences import import_sequences, read_item_attributes, read_sequences
 from gemflow.cli import app
 from gemflow.workspace import Workspace

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from features.feature_repo.tables import STATS_WINDOWS, stats_column
 from gemflow.cli import app
-from gemflow.platform import REPO, PlatformConfig
-from models.training.data import DenseSpec, TrainingSet
+from gemflow.platform_env import REPO, PlatformConfig
+from models.training.data import TrainingSet
+from models.training.dense import DenseSpec
 
 EPOCH = dt.date(2026, 1, 1)
 

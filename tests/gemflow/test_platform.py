@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gemflow.platform import MARKER, Platform, PlatformConfig, PlatformError, Service, port_free
+from gemflow.platform import Platform
+from gemflow.platform_env import PlatformConfig
+from gemflow.probes import port_free
 from gemflow.processes import start_ticks
+from gemflow.services import MARKER, PlatformError, Service
 from gemflow.workspace import Workspace
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]

@@ -20,7 +20,8 @@ import pytest
 from mlflow import MlflowClient
 
 from gemflow import running_ui
-from gemflow.platform import Platform, PlatformConfig
+from gemflow.platform import Platform
+from gemflow.platform_env import PlatformConfig
 from gemflow.workspace import Workspace
 from models.config import TrackingConfig
 from models.tracking import mlflow_store

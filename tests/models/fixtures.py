@@ -222,7 +222,7 @@ def tiny_set():
 
 @functools.cache
 def tiny_dense():
-    from models.training.data import DenseSpec
+    from models.training.dense import DenseSpec
 
     data = tiny_set()
     return DenseSpec.fit(data.dense_frame(), data.dense_columns())

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.training.data import DAY_S, BatchBuilder
+from models.training.batch_builder import BatchBuilder
+from models.training.data import DAY_S
 from tests.models.fixtures import tiny_dense, tiny_set
 
 
@@ -80,7 +81,7 @@ def test_a_dense_feature_constant_on_the_train_split_is_left_out():
     gets no weight it could learn, so it is dropped and a later value cannot move the scores."""
     import pandas as pd
 
-    from models.training.data import DenseSpec
+    from models.training.dense import DenseSpec
 
     train = pd.DataFrame({"ctr_1d": [np.nan] * 4, "quality": [0.1, 0.5, 0.2, 0.9], "one": [1.0] * 4})
     spec = DenseSpec.fit(train, ["ctr_1d", "quality", "one"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.architectures.ranker import Ranker
-from models.training.data import BatchBuilder
+from models.training.batch_builder import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_ranker_config, tiny_set
 
 K, D_USER = 2, 8

@@ -15,7 +15,7 @@ import torch
 from models.architectures.ranker import Ranker
 from models.attention.shared_context import FusedAttention, TorchAttention
 from models.inference import native, one_user
-from models.training.data import EVENT_ID_FIELDS, Candidates, Events, Profile
+from models.training.batch import EVENT_ID_FIELDS, Candidates, Events, Profile
 from tests.models.fixtures import tiny_ranker_config
 
 VOCAB = {"ad_id": 50, "advertiser_id": 6, "category_id": 5, "action": 8, "surface": 5, "gender": 3, "country": 4,

@@ -34,7 +34,8 @@ from models.embeddings.refresh import (
 from models.embeddings.versions import check_versions, expected_versions, sample_users
 from models.inference.bundle import ModelBundle, build_model, embed_examples, save_bundle
 from models.tracking.registry.flat import to_training_set
-from models.training.data import DenseSpec, TrainingSet
+from models.training.data import TrainingSet
+from models.training.dense import DenseSpec
 from tests.features.helpers import DAY0, USERS, ads_frame, events_frame, publish_without_gate, users_frame
 from tests.models.fixtures import record_training_run
 

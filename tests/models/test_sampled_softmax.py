@@ -11,7 +11,7 @@ import torch
 
 from models.architectures.sampled_softmax import sampled_softmax_loss
 from models.architectures.user_model import UserModel
-from models.training.data import BatchBuilder
+from models.training.batch_builder import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
 

@@ -8,7 +8,7 @@ import torch
 
 from models.architectures.tokenizer import DenseTokens, SparseArch
 from models.architectures.user_model import UserModel
-from models.training.data import BatchBuilder
+from models.training.batch_builder import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from models.architectures.user_model import UserModel
-from models.training.data import BatchBuilder, Events
+from models.training.batch import Events
+from models.training.batch_builder import BatchBuilder
 from tests.models.fixtures import tiny_dense, tiny_set, tiny_user_config
 
 

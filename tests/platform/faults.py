@@ -23,7 +23,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from gemflow.platform import Platform, _http_ok
+from gemflow.platform import Platform
+from gemflow.probes import http_ok as _http_ok
 from gemflow.workspace import Workspace
 
 POLL = 5.0
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cases", nargs="*", default=list(CASES), choices=list(CASES))
     args = parser.parse_args(argv)
     platform = Platform(Workspace(args.workspace))
-    from gemflow.platform import PlatformConfig
+    from gemflow.platform_env import PlatformConfig
 
     platform.cfg = PlatformConfig(**platform.read_state()["config"])
     for name in args.cases:

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gemflow.platform import MARKER, Platform, PlatformConfig, port_free
-from gemflow.services import marked_pids
+from gemflow.platform import Platform
+from gemflow.platform_env import PlatformConfig
+from gemflow.probes import port_free
+from gemflow.services import MARKER, marked_pids
 from gemflow.workspace import Workspace
 from tests.dags.airflow_env import require_airflow
 from tests.platform.faults import CASES

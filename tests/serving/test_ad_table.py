@@ -21,7 +21,7 @@ import pytest
 from features.feature_repo.tables import STATS_KINDS
 from features.store import open_store
 from gemflow.workspace import Workspace
-from models.training.data import DenseSpec
+from models.training.dense import DenseSpec
 from serving.ad_refresh_process import ProcessLoader
 from serving.ad_table import (
     AdSnapshot,

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from models.training.data import DenseSpec
+from models.training.dense import DenseSpec
 from serving import inputs as build
 from serving.ad_table import AdSnapshot
 from serving.candidate_cache import CandidateCache

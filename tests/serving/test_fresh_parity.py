@@ -29,7 +29,8 @@ from features.training_sets import TrainingSetConfig, build_training_set
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.training.data import DenseSpec, TrainingSet
+from models.training.data import TrainingSet
+from models.training.dense import DenseSpec
 from models.training.train import train
 from serving import inputs
 from serving.ad_table import AdSnapshot

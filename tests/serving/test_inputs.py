@@ -1,4 +1,4 @@
-"""Train/serve parity: the same raw features through training's batch builder (``models.training.data.BatchBuilder``)
+"""Train/serve parity: the same raw features through training's batch builder (``models.training.batch_builder.BatchBuilder``)
 and the server's input builder (``serving.inputs``) give identical tensors."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.training.data import BatchBuilder, profile_column
+from models.training.batch_builder import BatchBuilder
+from models.training.data import profile_column
 from serving import inputs
 from serving.ad_table import AdSnapshot
 from serving.user_features import UserFeatures

@@ -9,7 +9,7 @@ import torch
 from models.config import RankerConfig
 from models.inference import onednn
 from models.inference.bundle import build_model
-from models.training.data import Candidates, Events, Profile
+from models.training.batch import Candidates, Events, Profile
 from serving.scorer import UserInputs, score_recompute, score_shared, user_tokens
 
 VOCAB = {

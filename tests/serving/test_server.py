@@ -230,7 +230,8 @@ def test_embedding_version_mismatch_is_flagged_and_counted(server):
 def test_served_scores_equal_offline_batch_scores(server, world, tmp_path, user):
     """Train/serve consistency: the same model on the same features, online (HTTP) vs offline (training path)."""
     from models.inference.bundle import load_bundle, predict
-    from models.training.data import BatchBuilder, TrainingSet
+    from models.training.batch_builder import BatchBuilder
+    from models.training.data import TrainingSet
 
     cands = np.array([0, 4, 8, 15, 16, 23, 42, 59])
     _, served = post(_v1(server), v1_body(user, cands.tolist(), {**CTX, "surface": "reels"}))

@@ -180,7 +180,7 @@ def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int, d_model: int) -> Path:
 
     from models.config import RankerConfig
     from models.inference.bundle import MODEL_FILE, ModelBundle, build_model, save_bundle
-    from models.training.data import DenseSpec
+    from models.training.dense import DenseSpec
 
     torch.manual_seed(seed)
     # tiny for the tests; at the bench's d_model 64 the default ranker (configs/ranker.yaml: 4 heads, FFN x2)

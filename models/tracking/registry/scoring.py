@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from models.inference.bundle import ModelBundle
-from models.training.data import BatchBuilder, TrainingSet
+from models.training.batch_builder import BatchBuilder
+from models.training.data import TrainingSet
 
 
 def batch_builder(bundle: ModelBundle, data: TrainingSet) -> BatchBuilder:

@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop
 
 from models.config import UserModelConfig
-from models.training.data import CANDIDATE_ID_FIELDS
+from models.training.batch import CANDIDATE_ID_FIELDS
 
 aten = torch.ops.aten
 

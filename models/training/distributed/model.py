@@ -28,7 +28,7 @@ from models.architectures.sampled_softmax import sampled_softmax_loss
 from models.architectures.tokenizer import SparseArch, event_ids
 from models.architectures.transforms import lengths
 from models.architectures.user_model import UserModel
-from models.training.data import Batch, Events
+from models.training.batch import Batch, Events
 
 NEXT_NEGATIVE = "next_negative"
 HIST_AD = "hist_ad_id"  # the history's ad lookups: event i+1's row is the next-event target of event i

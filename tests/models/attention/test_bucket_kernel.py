@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.attention import bucket_kernel, dispatch, jagged, reference
+from models.attention import bucket_kernel, dispatch, jagged, jagged_layout, reference
 from tests.models.attention.test_jagged import (
     BF16,
     FP32,
@@ -179,7 +179,7 @@ def test_padded_slots_repeat_a_row_of_their_own_sequence():
     """A padded slot reads its sequence's last row (any finite row works: nothing real attends to it); the
     heads-first maps move every (row, part, head) to one buffer row and back."""
     offsets = offsets_of([3, 0, 5, 2, 20])
-    plan = jagged.plan_self(offsets)
+    plan = jagged_layout.plan_self(offsets)
     for bucket in plan.buckets:
         rows = bucket.slot_rows.view(bucket.n, bucket.max_len)
         starts, ends = offsets[bucket.seq], offsets[bucket.seq + 1]
@@ -193,7 +193,7 @@ def test_padded_slots_repeat_a_row_of_their_own_sequence():
 
 def test_rows_no_bucket_covers_read_the_zero_row():
     """Queries of a sequence without keys (and keys nobody queries) map to the buffer's extra zero row."""
-    q_plan, kv_plan = jagged.plan_cross(offsets_of([2, 3, 0]), offsets_of([4, 0, 5]))
+    q_plan, kv_plan = jagged_layout.plan_cross(offsets_of([2, 3, 0]), offsets_of([4, 0, 5]))
     q_moves = bucket_kernel.heads_first(q_plan.buckets, 1, 2, 5)
     kv_moves = bucket_kernel.heads_first(kv_plan.buckets, 2, 2, 9)
     assert bool((q_moves.scatter.view(5, 2)[2:] == q_moves.rows).all())

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.attention import dispatch, jagged, reference
+from models.attention import dispatch, jagged, jagged_layout, jagged_plan, reference
 
 FP32 = dict(atol=2e-5, rtol=2e-5)
 BF16 = dict(atol=3e-2, rtol=3e-2)
@@ -75,10 +75,10 @@ def self_inputs(lens, heads, dim, causal, pos_r, time_t, dtype, seed) -> dict:
 def launch_cells(value: int):
     """Set the planner's per-call cost: 0 keeps every length class its own bucket, so tiny test batches still
     run through many buckets; the default merges them (both layouts must match the reference)."""
-    return patch.object(jagged, "LAUNCH_CELLS", value)
+    return patch.object(jagged_layout, "LAUNCH_CELLS", value)
 
 
-launch_costs = st.sampled_from([0, jagged.LAUNCH_CELLS])
+launch_costs = st.sampled_from([0, jagged_layout.LAUNCH_CELLS])
 
 
 def check_self(lens, heads, dim, causal, pos_r, time_t, dtype, seed, tol, launch=0) -> None:
@@ -148,7 +148,7 @@ def test_self_attention_matches_reference_bf16(lens, causal, pos_r, time_t, seed
     check_self(lens, 2, 8, causal, pos_r, time_t, torch.bfloat16, seed, BF16)
 
 
-@pytest.mark.parametrize("launch", [0, jagged.LAUNCH_CELLS])
+@pytest.mark.parametrize("launch", [0, jagged_layout.LAUNCH_CELLS])
 @pytest.mark.parametrize("causal", [False, True])
 def test_self_attention_spanning_many_buckets(causal, launch):
     """Lengths across the short class and several geometric ones, with both biases (the user model's layer)."""
@@ -160,9 +160,9 @@ def test_self_attention_spanning_many_buckets(causal, launch):
 @pytest.mark.parametrize("causal", [False, True])
 def test_equal_lengths_move_no_rows_and_match_reference(causal):
     """Histories that all fill max_history lay out as the jagged tensor itself (no copy in or out)."""
-    assert jagged.plan_self(offsets_of([6, 6, 6])).identity
-    assert jagged.plan_self(offsets_of([6, 0, 6])).identity  # an empty sequence owns no rows
-    assert not jagged.plan_self(offsets_of([6, 5, 6])).identity  # one padded slot
+    assert jagged_layout.plan_self(offsets_of([6, 6, 6])).identity
+    assert jagged_layout.plan_self(offsets_of([6, 0, 6])).identity  # an empty sequence owns no rows
+    assert not jagged_layout.plan_self(offsets_of([6, 5, 6])).identity  # one padded slot
     check_self([6, 6, 6], 2, 4, causal, 3, 5, torch.float32, 11, FP32)
     check_self([6, 0, 6], 2, 4, causal, 3, 5, torch.float32, 12, FP32)
 
@@ -249,25 +249,25 @@ def test_cross_attention_many_candidates_against_one_sequence():
 # ---------------------------------------------------------------------------------------------------- layout
 def self_cost(plan) -> int:
     """Attention cells computed (padding included) plus the launch cost per bucket: what the planner minimizes."""
-    return sum(b.size * b.max_len + jagged.LAUNCH_CELLS for b in plan.buckets)
+    return sum(b.size * b.max_len + jagged_layout.LAUNCH_CELLS for b in plan.buckets)
 
 
 @settings(max_examples=100, deadline=None)
 @given(lens=st.lists(st.integers(0, 2_000), min_size=0, max_size=40))
 def test_buckets_cover_every_row_once_and_cost_no_more_than_length_classes(lens):
     offsets = offsets_of(lens)
-    plan = jagged.plan_self(offsets)
+    plan = jagged_layout.plan_self(offsets)
     assert sorted(plan.rows.tolist()) == list(range(int(offsets[-1])))
     assert len(set(plan.slots.tolist())) == plan.slots.numel()
     assert plan.num_slots == sum(bucket.size for bucket in plan.buckets)
     for bucket in plan.buckets:
         assert bucket.valid.sum(1).tolist() == torch.tensor(lens)[bucket.seq].tolist()
     lens_t = torch.tensor(lens, dtype=torch.long)
-    classes = jagged.group_sequences(jagged.length_class(lens_t), lens_t > 0)
+    classes = jagged_layout.group_sequences(jagged_layout.length_class(lens_t), lens_t > 0)
     for seq in classes:  # each class alone stays within the padding budget
         low, high = int(lens_t[seq].min()), int(lens_t[seq].max())
-        assert high <= max(jagged.SHORT_LEN, (1 + jagged.PAD_BUDGET) * low)
-    assert self_cost(plan) <= self_cost(jagged.layout(classes, offsets))
+        assert high <= max(jagged_layout.SHORT_LEN, (1 + jagged_layout.PAD_BUDGET) * low)
+    assert self_cost(plan) <= self_cost(jagged_layout.layout(classes, offsets))
 
 
 @settings(max_examples=60, deadline=None)
@@ -280,12 +280,12 @@ def test_no_bucket_pads_a_short_key_sequence_past_the_kv_cliff(q_lens, kv_lens):
     n = min(len(q_lens), len(kv_lens))
     q_lens, kv_lens = q_lens[:n], kv_lens[:n]
     kv = torch.tensor(kv_lens)
-    _, kv_plan = jagged.plan_cross(offsets_of(q_lens), offsets_of(kv_lens))
-    plans = [(kv_plan, kv), (jagged.plan_self(offsets_of(kv_lens)), kv)]
+    _, kv_plan = jagged_layout.plan_cross(offsets_of(q_lens), offsets_of(kv_lens))
+    plans = [(kv_plan, kv), (jagged_layout.plan_self(offsets_of(kv_lens)), kv)]
     for plan, lens in plans:
         for bucket in plan.buckets:
-            if bucket.max_len > jagged.KV_CLIFF:
-                assert int(lens[bucket.seq].min()) > jagged.KV_CLIFF, (bucket.max_len, lens[bucket.seq])
+            if bucket.max_len > jagged_layout.KV_CLIFF:
+                assert int(lens[bucket.seq].min()) > jagged_layout.KV_CLIFF, (bucket.max_len, lens[bucket.seq])
 
 
 def contiguous_partitions(n: int):
@@ -315,7 +315,7 @@ def test_merge_groups_is_optimal(groups, launch):
     def cost(buckets):
         return sum(len(b) * int(q_t[b].max()) * int(kv_t[b].max()) + launch for b in buckets)
 
-    merged = jagged.merge_groups(ids, q_t, kv_t, launch_cells=launch)
+    merged = jagged_layout.merge_groups(ids, q_t, kv_t, launch_cells=launch)
     assert [i for bucket in merged for i in bucket.tolist()] == list(range(start))
     brute = []
     for sizes in contiguous_partitions(len(ids)):
@@ -338,24 +338,24 @@ def test_plan_is_built_once_per_batch_and_rebuilt_when_its_inputs_change():
     """Layers of one pass share the plan (the per-cell bias index); other or mutated inputs get a new one."""
     inputs = self_inputs([5, 0, 9, 3], 2, 4, True, 3, 6, torch.float32, 1)
     offsets, ts = inputs["offsets"], inputs["timestamps"]
-    first = jagged.cached_plan_self_attention(offsets, ts, **plan_args(inputs))
-    assert jagged.cached_plan_self_attention(offsets.clone(), ts.clone(), **plan_args(inputs)) is first
+    first = jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs))
+    assert jagged_plan.cached_plan_self_attention(offsets.clone(), ts.clone(), **plan_args(inputs)) is first
     assert (
-        jagged.cached_plan_self_attention(offsets, ts, **plan_args(inputs) | dict(causal=False)) is not first
+        jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs) | dict(causal=False)) is not first
     )
     ts.add_(1_000)  # in place: a stale plan would keep the old time buckets
-    rebuilt = jagged.cached_plan_self_attention(offsets, ts, **plan_args(inputs))
+    rebuilt = jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs))
     assert rebuilt is not first
     for layer_seed in (2, 3):  # two "layers": own tables, same plan
         layer = self_inputs([5, 0, 9, 3], 2, 4, True, 3, 6, torch.float32, layer_seed) | dict(timestamps=ts)
         weights = torch.randn(layer["q"].shape, generator=torch.Generator().manual_seed(layer_seed))
         (ref_out, ref_grads), (out, grads) = (run_self(m, layer, weights) for m in (reference, jagged))
-        assert jagged.cached_plan_self_attention(offsets, ts, **plan_args(inputs)) is rebuilt
+        assert jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs)) is rebuilt
         assert_close(out, ref_out, **FP32, what="output")
         for grad, ref_grad in zip(grads, ref_grads, strict=True):
             assert_close(grad, ref_grad, **FP32, what="grad")
-    jagged.clear_plan_cache()
-    assert jagged.cached_plan_self_attention(offsets, ts, **plan_args(inputs)) is not rebuilt
+    jagged_plan.clear_plan_cache()
+    assert jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs)) is not rebuilt
 
 
 def test_plan_from_inference_mode_is_not_reused_for_training():

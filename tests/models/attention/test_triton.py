@@ -80,7 +80,7 @@ else:
     from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
 
-    from models.attention import dispatch, reference
+    from models.attention import dispatch, reference, triton_kernels, triton_launch
     from models.attention import triton as tri
 
     # "compile" runs only the compile tests: real (not interpreted) Triton, CPU tensors for nothing else.
@@ -192,9 +192,9 @@ else:
         _check_against_reference(run, leaves, dtype, gen)
 
     def test_case_runs_in_the_intended_mode():
-        interpreted = tri._interpreting()
+        interpreted = triton_launch.interpreting()
         assert interpreted == (DEVICE.type == "cpu"), "TRITON_INTERPRET must be set exactly for CPU runs"
-        assert type(tri._fwd_kernel).__name__ == ("InterpretedFunction" if interpreted else "JITFunction")
+        assert type(triton_kernels.fwd_kernel).__name__ == ("InterpretedFunction" if interpreted else "JITFunction")
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     @pytest.mark.parametrize("causal", [False, True])
@@ -436,13 +436,13 @@ else:
         from triton.compiler import ASTSource
 
         value_type = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}[dtype]
-        cfgs = tri._configs(head_dim, dtype, torch.device("cuda"))
+        cfgs = triton_launch.block_configs(head_dim, dtype, torch.device("cuda"))
         flags = dict(CAUSAL=True, HAS_POS=True, HAS_TIME=True, BLOCK_D=head_dim, UPCAST=False,
-                     PRECISION=tri._precision(dtype)[0])  # fmt: skip
+                     PRECISION=triton_launch.dot_precision(dtype)[0])  # fmt: skip
         kernels = [
-            (tri._fwd_kernel, cfgs["fwd"], dict(STORE_OUT32=True)),
-            (tri._bwd_dkdv_kernel, cfgs["dkdv"], {}),
-            (tri._bwd_dq_kernel, cfgs["dq"], dict(POS_GRAD=True, TIME_GRAD=True, POS_BINS=64, TIME_BINS=32)),
+            (triton_kernels.fwd_kernel, cfgs["fwd"], dict(STORE_OUT32=True)),
+            (triton_kernels.bwd_dkdv_kernel, cfgs["dkdv"], {}),
+            (triton_kernels.bwd_dq_kernel, cfgs["dq"], dict(POS_GRAD=True, TIME_GRAD=True, POS_BINS=64, TIME_BINS=32)),
         ]
         for kernel, cfg, extra in kernels:
             constexprs = dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **extra)
