@@ -91,6 +91,14 @@ class GateResult:
     summary_path: Path | None = None
     data_docs: Path | None = None
 
+    @property
+    def accepted_rows(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def quarantined_rows(self) -> int:
+        return len(self.quarantined)
+
 
 class ValidationGateError(ValueError):
     """The partition is too bad to load (or its volume dropped); ``.result`` holds the split and the report."""
