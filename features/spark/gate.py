@@ -168,7 +168,7 @@ def validate_partition(
 
     if missing:
         failed = raw.select(ROW, F.lit(missing[0].reason).alias("reason"))
-        accepted = raw.sparkSession.createDataFrame([], ", ".join(f"{f.name} string" for f in schema))
+        accepted = spark.createDataFrame([], ", ".join(f"{f.name} string" for f in schema))
         counts, quarantined_rows = ({missing[0].reason: rows} if rows else {}), rows
     else:
         for outcome in outcomes:

@@ -46,8 +46,8 @@ def _union(frames: list[DataFrame]) -> DataFrame:
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), cast)
 
 
-def read_raw(spark: SparkSession, ws: Workspace, table: str, day: dt.date) -> tuple[DataFrame, int]:
-    """The raw partition with its ``ROW`` numbers, and its row count (before dropping live duplicates)."""
+def read_raw(spark: SparkSession, ws: Workspace, table: str, day: dt.date) -> DataFrame:
+    """The raw partition with its ``ROW`` numbers."""
     sources, offset = [], 0
     for folder in raw_folders(ws, table, day):
         frames = []
@@ -60,12 +60,12 @@ def read_raw(spark: SparkSession, ws: Workspace, table: str, day: dt.date) -> tu
     if not sources:
         raise missing_partition(ws, table, day)
     if len(sources) == 1:
-        return sources[0], offset
+        return sources[0]
     batch, live = sources
     shared = [c for c in SCHEMAS["events"].names if c in batch.columns and c in live.columns]
     same = reduce(lambda a, b: a & b, [F.col(f"l.{c}").eqNullSafe(F.col(f"b.{c}")) for c in shared])
     fresh = live.alias("l").join(batch.alias("b"), same, "left_anti")
-    return _union([batch, fresh]), offset
+    return _union([batch, fresh])
 
 
 def gate_and_write(ws: Workspace, day: dt.date, cfg, timings: dict) -> tuple[dict, dict, dict]:
@@ -76,9 +76,8 @@ def gate_and_write(ws: Workspace, day: dt.date, cfg, timings: dict) -> tuple[dic
 
     spark = spark_session(cfg.spark)
     with step("read raw", timings):
-        raw = {table: read_raw(spark, ws, table, day) for table in TABLES}
-        raw = {table: (frame.persist(), _) for table, (frame, _) in raw.items()}
-        rows = {table: frame.count() for table, (frame, _) in raw.items()}
+        raw = {table: read_raw(spark, ws, table, day).persist() for table in TABLES}
+        rows = {table: frame.count() for table, frame in raw.items()}
     gate, now = gate_config(cfg), gate_now(cfg)
     previous = previous_accepted_count(ws, day)
     results: dict = {}
@@ -87,7 +86,7 @@ def gate_and_write(ws: Workspace, day: dt.date, cfg, timings: dict) -> tuple[dic
             for table in TABLES:
                 try:
                     results[table] = validate_partition(
-                        spark, table, raw[table][0], rows=rows[table], day=day, report_dir=ws.reports(day),
+                        spark, table, raw[table], rows=rows[table], day=day, report_dir=ws.reports(day),
                         ads=results["ads"].accepted if table == "events" else None,
                         previous_count=previous if table == "events" else None, now=now, config=gate,
                     )  # fmt: skip
@@ -105,7 +104,7 @@ def gate_and_write(ws: Workspace, day: dt.date, cfg, timings: dict) -> tuple[dic
             snapshots = {t: read_partition(ws.offline(t, day)).to_pandas() for t in ("users", "ads")}
             derived_rows = write_snapshot_features(ws, day, snapshots["users"], snapshots["ads"])
     finally:
-        for frame, _ in raw.values():
+        for frame in raw.values():
             frame.unpersist()
     return rows, results, derived_rows
 
