@@ -50,7 +50,7 @@ chromium:
 java:
 	@command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null)
 
-# `make demo ENGINE=spark`: the same platform with the training sets built on Spark (local[*], features/spark).
+# `make demo ENGINE=spark`: the same platform with ingestion and training sets on Spark (local[*], features/spark).
 ENGINE ?= local
 demo: setup
 	DEMO_ENGINE=$(ENGINE) bash scripts/demo.sh

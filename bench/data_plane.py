@@ -1,7 +1,12 @@
-"""The data plane's two engines side by side: the training set's stages on synthetic logs of growing size.
+"""The data plane's two engines side by side: the training set's stages (or the ingestion) on synthetic logs.
 
-    .venv/bin/python bench/data_plane.py [--sizes 1000000 10000000 50000000] [--engines local spark]
-                                         [--days 4] [--local-memory-gb 12] [--driver-memory 6g] [--record]
+    .venv/bin/python bench/data_plane.py [--stage training-set|ingest] [--sizes 1000000 10000000 50000000]
+                                         [--engines local spark] [--days 4] [--local-memory-gb 12]
+                                         [--driver-memory 6g] [--record]
+
+``--stage ingest``: one raw day of ``size`` events from the demo's generator (``features.sources.synthetic``,
+no defects) through ``gemflow ingest`` on each engine (fresh copies of the landing), stage by stage as the
+ingest summary times them: raw read, gate, offline writes, derived tables, online publish (SQLite).
 
 For each size, writes an accepted offline store (``--days`` day partitions of events + ads, contract schema,
 written with the store's own writer; generated with numpy, not the behavioural generator, so the bench measures
@@ -20,6 +25,7 @@ import datetime as dt
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,9 +143,39 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
 SPARK: dict = {}
 
 
+def land_raw(ws: Workspace, events: int) -> None:
+    """One raw day of ~``events`` events from the demo's generator (clicks/conversions add ~6%)."""
+    from features.sources.synthetic import SyntheticConfig, generate
+
+    users = max(1, events // EVENTS_PER_USER)
+    cfg = SyntheticConfig(
+        num_users=users, num_ads=NUM_ADS, days=1, start_date=START.isoformat(),
+        events_per_user_day=EVENTS_PER_USER / 1.06,
+    )  # fmt: skip
+    generate(cfg, ws, progress=False)
+
+
+def run_ingest(ws: Workspace, engine: str) -> dict[str, float]:
+    """``gemflow ingest`` of the landed day on ``engine``: its summary's step timings."""
+    from features.ingest import IngestConfig, ingest
+    from features.spark.session import SparkConfig, spark_session
+
+    spark = SparkConfig(master=f"local[{os.cpu_count()}]", **SPARK)
+    timings: dict[str, float] = {}
+    if engine == "spark":  # the JVM start apart, as for the training-set step
+        t0 = time.perf_counter()
+        spark_session(spark)
+        timings["session start"] = time.perf_counter() - t0
+    cfg = IngestConfig(gate={"data_docs": False}, engine=engine, spark=spark)
+    summary = ingest(ws, START, cfg)
+    timings.update({k: v for k, v in summary["timings_s"].items() if k != "total"})
+    return timings
+
+
 def measure(ws: Path, engine: str, days: int, args) -> dict:
     """Run one engine in a subprocess; sample its process tree's RSS; return timings + peak (or the failure)."""
     cmd = [sys.executable, __file__, "--child", engine, "--workspace", str(ws), "--days", str(days)]
+    cmd += ["--stage", args.stage]
     cmd += ["--local-memory-gb", str(args.local_memory_gb), "--driver-memory", args.driver_memory]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -178,7 +214,8 @@ def child(args) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     SPARK["driver_memory"] = args.driver_memory
     SPARK["shuffle_partitions"] = 4 * (os.cpu_count() or 1)
-    timings = run_engine(Workspace(args.workspace), args.child, args.days)
+    ws = Workspace(args.workspace)
+    timings = run_ingest(ws, args.child) if args.stage == "ingest" else run_engine(ws, args.child, args.days)
     print(json.dumps(timings))
 
 
@@ -188,6 +225,7 @@ def main() -> None:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000, 50_000_000])
     parser.add_argument("--engines", nargs="+", choices=("local", "spark"), default=["local", "spark"])
+    parser.add_argument("--stage", choices=("training-set", "ingest"), default="training-set")
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--local-memory-gb", type=float, default=12.0)
     parser.add_argument("--driver-memory", default="6g")
@@ -204,10 +242,19 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="gemflow-data-plane-") as tmp:
             root = args.workspace / f"events-{size}" if args.workspace else Path(tmp)
             t0 = time.perf_counter()
-            write_store(Workspace(root), size, args.days)
-            print(f"\n{size:,} events over {args.days} days written in {time.perf_counter() - t0:.1f} s")
+            if args.stage == "ingest":
+                land_raw(Workspace(root / "landing"), size)
+                print(f"\n{size:,} raw events of one day landed in {time.perf_counter() - t0:.1f} s")
+            else:
+                write_store(Workspace(root), size, args.days)
+                print(f"\n{size:,} events over {args.days} days written in {time.perf_counter() - t0:.1f} s")
             for engine in args.engines:
-                res = measure(root, engine, args.days, args)
+                target = root
+                if args.stage == "ingest":  # each engine ingests its own copy of the landing
+                    target = root / engine
+                    shutil.rmtree(target, ignore_errors=True)
+                    shutil.copytree(root / "landing", target)
+                res = measure(target, engine, args.days, args)
                 label = f"{engine}, {size / 1e6:g}M events"
                 if "failed" in res:
                     print(
@@ -238,8 +285,13 @@ def main() -> None:
             ("load average before the run (1/5/15 min)", f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
         )
         sizes = "-".join(f"{size / 1e6:g}m" for size in args.sizes)
-        key = f"data-plane.{sizes}.{'-'.join(args.engines)}"  # one section per size/engine set: runs add up
-        record(key, "training-set stages, local vs Spark engine (bench/data_plane.py)", rows)
+        stage = "" if args.stage == "training-set" else f"{args.stage}."
+        key = f"data-plane.{stage}{sizes}.{'-'.join(args.engines)}"  # one section per size/engine set
+        record(
+            key,
+            f"{args.stage} stages, local vs Spark engine (bench/data_plane.py --stage {args.stage})",
+            rows,
+        )
 
 
 if __name__ == "__main__":

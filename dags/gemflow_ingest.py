@@ -2,7 +2,7 @@
 
 The run for logical date D ingests partition D (a data-interval timetable: the run starts once D has ended),
 after a sensor has seen the raw partition land (rescheduling, so a late day does not hold a worker or burn
-retries). Publishes FEATURES with ``{"day": D}``: the training and refresh DAGs act on that day.
+retries). The gate and the offline writes run on the deployment's data engine (``gemflow_spark``). Publishes FEATURES with ``{"day": D}``: the training and refresh DAGs act on that day.
 On the embedded default (``GEMFLOW_LANDING=synthetic``) the DAG catches up from ``GEMFLOW_START_DATE``, in step
 with ``gemflow_land``; otherwise it runs from the day it is deployed (``catchup=False``).
 """
@@ -13,7 +13,8 @@ import datetime as dt
 
 from airflow.sdk import dag
 from airflow.timetables.interval import CronDataIntervalTimetable
-from gemflow_stage import FEATURES, Embedded, raw_logs_sensor, stage_task
+from gemflow_spark import data_stage_task
+from gemflow_stage import FEATURES, Embedded, raw_logs_sensor
 
 E = Embedded.from_env()
 
@@ -28,7 +29,7 @@ E = Embedded.from_env()
     tags=["gemflow", "features"],
 )
 def gemflow_ingest():
-    ingest = stage_task(
+    ingest = data_stage_task(
         "ingest", "ingest", "--date", "{{ ds }}",
         outlets=(FEATURES,),
         metadata={"day": "{{ ds }}"},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
+from gemflow_spark import data_stage_task
 from gemflow_stage import (
     EMBEDDINGS,
     RANKER_CHAMPION,
@@ -65,9 +66,8 @@ def gemflow_ranker():
         timeout=dt.timedelta(hours=2),
         doc="Earlier days without the current user model's embeddings are refreshed (offline only).",
     )  # fmt: skip
-    build = stage_task(
+    build = data_stage_task(
         "build_training_set", "build-training-set", "--name", f"ranker-{RUN}", "--end", THROUGH,
-        "--set", f"engine={E.data_engine}",
         timeout=dt.timedelta(minutes=30),
     )  # fmt: skip
     train = stage_task(

@@ -389,12 +389,14 @@ def stage_task(
     timeout: dt.timedelta = dt.timedelta(hours=1),
     metadata: dict | None = None,
     doc: str = "",
+    pod: dict | None = None,
 ):
     """An operator running ``gemflow <args>`` (args are Jinja-templated, e.g. ``{{ ds }}``).
 
     ``retries`` only where a retry can help (a killed or timed-out process; a training resumes from its
     checkpoint); ``timeout`` is the stage's ``execution_timeout``; ``metadata`` (templated) goes on every asset
-    event the task publishes."""
+    event the task publishes; ``pod`` (cluster mode) replaces operator settings of the stage pod (the Spark
+    stages: ``gemflow_spark``)."""
     s = StageSettings.from_env()
     retry = f", {retries} retr{'y' if retries == 1 else 'ies'}" if retries else ", no retries"
     common = {
@@ -420,14 +422,18 @@ def stage_task(
     from gemflow_pods import StagePodOperator
 
     # Everything else (GEMFLOW_HOME included) comes from the template; values given here would override it.
+    settings = {
+        "name": f"gemflow-{task_id}".replace("_", "-"),
+        "pod_template_file": s.pod_template_file,
+        "image": s.image,
+        "cmds": ["gemflow"],
+        "arguments": list(args),
+        "namespace": s.namespace,
+        "service_account_name": s.service_account,
+        **(pod or {}),
+    }
     return StagePodOperator(
-        name=f"gemflow-{task_id}".replace("_", "-"),
-        pod_template_file=s.pod_template_file,
-        image=s.image,
-        cmds=["gemflow"],
-        arguments=list(args),
-        namespace=s.namespace,
-        service_account_name=s.service_account,
+        **settings,
         get_logs=True,
         on_finish_action="delete_succeeded_pod",
         skip_on_exit_code=UNCHANGED_EXIT,

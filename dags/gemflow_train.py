@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 
 from airflow.sdk import Param, dag
+from gemflow_spark import data_stage_task
 from gemflow_stage import (
     FEATURES,
     RUN,
@@ -59,9 +60,8 @@ def gemflow_train():
         retries=0, timeout=dt.timedelta(minutes=5),
         doc="The trigger rule: skipped (with the reason) when no training is due.",
     )  # fmt: skip
-    build = stage_task(
+    build = data_stage_task(
         "build_training_set", "build-training-set", "--name", f"user-{RUN}", "--end", THROUGH,
-        "--set", f"engine={E.data_engine}",
         timeout=dt.timedelta(minutes=30),
     )  # fmt: skip
     train = stage_task(

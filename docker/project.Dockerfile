@@ -61,6 +61,10 @@ RUN groupadd --gid 10001 gemflow \
     && install -d -o gemflow -g gemflow /home/gemflow /data/gemflow
 COPY --from=builder /opt/gemflow /opt/gemflow
 COPY --from=builder /src/configs /opt/gemflow/configs
+# The Spark stages (stages.dataEngine: spark): spark-submit's Python entry (the gemflow CLI as a .py file) and
+# the entrypoint Spark's driver and executor pods need (the Spark pod template sets it as their command).
+RUN printf 'from gemflow.cli import app\n\napp()\n' > /opt/gemflow/spark_main.py
+COPY --chmod=0755 docker/spark-entrypoint.sh /opt/gemflow/spark-entrypoint.sh
 ENV PATH=/opt/gemflow/bin:${PATH} \
     GEMFLOW_HOME=/data/gemflow \
     HOME=/home/gemflow \

@@ -7,7 +7,9 @@ UTC so ``timestamp`` columns mean what the offline store's ``timestamp[us, UTC]`
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,9 @@ def spark_session(cfg: SparkConfig | None = None) -> SparkSession:
         )
     from pyspark.sql import SparkSession
 
+    # Python workers (executor-side writers) run this interpreter, with its packages, unless told otherwise
+    # (pyspark reads only the environment variable).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(cfg.app_name)
     if cfg.master:
         builder = builder.master(cfg.master)

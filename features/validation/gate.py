@@ -91,6 +91,14 @@ class GateResult:
     summary_path: Path | None = None
     data_docs: Path | None = None
 
+    @property
+    def accepted_rows(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def quarantined_rows(self) -> int:
+        return len(self.quarantined)
+
 
 class ValidationGateError(ValueError):
     """The partition is too bad to load (or its volume dropped); ``.result`` holds the split and the report."""
@@ -121,7 +129,7 @@ def validate_partition(
         raise ValueError(
             f"{table}: duplicate column name(s) {sorted(set(raw.columns[raw.columns.duplicated()]))}"
         )
-    now = _utc(now)
+    now = utc_now(now)
     schema = SCHEMAS[table]
     frame = raw.reset_index(drop=True)  # GX reports index labels: make them row positions
     out_dir = Path(report_dir) / table
@@ -142,7 +150,7 @@ def validate_partition(
         for outcome in outcomes:
             reasons.add(outcome)
         typed = _typed_frame(frame, schema, checks, reasons)
-        with _ads_reference(table, ads) as ads_reference:
+        with ads_reference_handle(table, ads) as ads_reference:
             rules = suites.contract_suite(
                 table, day=day, now=now, clock_skew=config.clock_skew, ads_reference=ads_reference,
                 earliest=config.earliest,
@@ -158,7 +166,7 @@ def validate_partition(
     quarantined = _quarantine_frame(frame, reasons)
     counts = reasons.counts()
     failure_rate = len(quarantined) / len(frame) if len(frame) else 0.0
-    errors = _gate_errors(table, frame, failure_rate, config, missing, volume, previous_count)
+    errors = gate_errors(table, len(frame), failure_rate, config, missing, volume, previous_count)
 
     result = GateResult(
         table=table,
@@ -171,7 +179,19 @@ def validate_partition(
         data_docs=runner.data_docs_index,
     )
     result.summary_path = write_summary(
-        out_dir, _summary(result, frame, day, now, config, previous_count, ads, outcomes, started)
+        out_dir,
+        gate_summary(
+            result,
+            len(frame),
+            list(frame.columns),
+            day,
+            now,
+            config,
+            previous_count,
+            ads is not None,
+            outcomes,
+            started,
+        ),  # fmt: skip
     )
     log.info(
         "%s %s: %d rows, %d accepted, %d quarantined (%.2f%%) in %.1fs",
@@ -189,21 +209,22 @@ def _typed_frame(
     frame: pd.DataFrame, schema: pa.Schema, checks: list[parsing.ParseCheck], reasons: _RowReasons
 ) -> pd.DataFrame:
     """The frame in wide contract types; rows whose text did not parse are null there and carry a type reason."""
-    unparseable = {c.column: reasons.rows_of(_regex_reason(c)) for c in checks}
+    unparseable = {c.column: reasons.rows_of(regex_reason(c)) for c in checks}
     typed = parsing.coerce(frame, schema, unparseable)
     for check in checks:
-        reasons.assign(_regex_reason(check), parsing.lost_in_cast(frame[check.column], typed[check.column]))
+        reasons.assign(regex_reason(check), parsing.lost_in_cast(frame[check.column], typed[check.column]))
     return typed
 
 
-def _summary(
-    result: GateResult,
-    frame: pd.DataFrame,
+def gate_summary(
+    result,
+    rows: int,
+    columns: list[str],
     day: dt.date,
     now: dt.datetime,
     config: GateConfig,
     previous_count: int | None,
-    ads: pd.DataFrame | None,
+    with_ads: bool,
     outcomes: list[Outcome],
     started: float,
 ) -> dict[str, Any]:
@@ -213,9 +234,9 @@ def _summary(
         "now": now,
         "passed": not result.errors,
         "errors": result.errors,
-        "rows": len(frame),
-        "accepted": len(result.accepted),
-        "quarantined": len(result.quarantined),
+        "rows": rows,
+        "accepted": result.accepted_rows,
+        "quarantined": result.quarantined_rows,
         "failure_rate": result.failure_rate,
         "counts": result.counts,
         "config": {
@@ -225,8 +246,8 @@ def _summary(
             "clock_skew_s": config.clock_skew.total_seconds(),
         },
         "previous_count": previous_count,
-        "extra_columns": [c for c in frame.columns if c not in SCHEMAS[result.table].names],
-        "referential_integrity": result.table != "events" or ads is not None,
+        "extra_columns": [c for c in columns if c not in SCHEMAS[result.table].names],
+        "referential_integrity": result.table != "events" or with_ads,
         "expectations": [describe(o) for o in outcomes],
         "data_docs": result.data_docs,
         "seconds": round(time.perf_counter() - started, 3),
@@ -241,14 +262,9 @@ class _RowReasons:
         self.names: list[str] = []
 
     def add(self, outcome: Outcome) -> None:
-        if not outcome.row_level or outcome.success:
-            return
-        if outcome.expectation_type != UNIQUE and len(outcome.rows) != outcome.unexpected_count:
-            raise RuntimeError(
-                f"{outcome.reason}: GX counted {outcome.unexpected_count} failing rows "
-                f"but listed {len(outcome.rows)}; refusing to guess which rows failed"
-            )
-        self.assign(outcome.reason, outcome.rows)
+        rows = failing_rows(outcome)
+        if rows is not None:
+            self.assign(outcome.reason, rows)
 
     def assign(self, reason: str, rows: np.ndarray) -> None:
         if reason not in self.names:
@@ -278,15 +294,33 @@ class _RowReasons:
         return {name: int(k) for name, k in zip(self.names, tally, strict=True) if k}
 
 
-def _regex_reason(check: parsing.ParseCheck) -> str:
+def failing_rows(outcome: Outcome) -> np.ndarray | None:
+    """The rows a failed row-level expectation names (None: it passed or judges the table, not rows)."""
+    if not outcome.row_level or outcome.success:
+        return None
+    if outcome.expectation_type != UNIQUE and len(outcome.rows) != outcome.unexpected_count:
+        raise RuntimeError(
+            f"{outcome.reason}: GX counted {outcome.unexpected_count} failing rows "
+            f"but listed {len(outcome.rows)}; refusing to guess which rows failed"
+        )
+    return outcome.rows
+
+
+def regex_reason(check: parsing.ParseCheck) -> str:
     return suites.reason_name("expect_column_values_to_match_regex", check.column, check.type_name)
 
 
 def _later_duplicates(outcome: Outcome, typed: pd.DataFrame) -> Outcome:
-    """GX flags every row of a duplicate group; the first occurrence stays (it may be the only valid copy)."""
-    rows = np.sort(outcome.rows)
-    column = outcome.kwargs["column"]
-    later = pd.Series(typed[column].to_numpy()[rows]).duplicated(keep="first").to_numpy()
+    values = typed[outcome.kwargs["column"]].to_numpy()[outcome.rows]
+    return later_duplicates(outcome, values)
+
+
+def later_duplicates(outcome: Outcome, values: np.ndarray) -> Outcome:
+    """GX flags every row of a duplicate group (``values``: theirs, in ``outcome.rows`` order); the first
+    occurrence stays (it may be the only valid copy)."""
+    order = np.argsort(outcome.rows, kind="stable")
+    rows = outcome.rows[order]
+    later = pd.Series(np.asarray(values, dtype=object)[order]).duplicated(keep="first").to_numpy()
     kept = rows[later]
     return Outcome(
         **{**outcome.__dict__, "rows": kept, "unexpected_count": len(kept), "success": not len(kept)}
@@ -294,7 +328,7 @@ def _later_duplicates(outcome: Outcome, typed: pd.DataFrame) -> Outcome:
 
 
 @contextmanager
-def _ads_reference(table: str, ads: pd.DataFrame | None) -> Iterator[str | None]:
+def ads_reference_handle(table: str, ads: pd.DataFrame | None) -> Iterator[str | None]:
     """The handle of the ads table's ids for the referential-integrity check (None: no check)."""
     if table != "events":
         yield None
@@ -326,9 +360,9 @@ def _is_list_column(values: pd.Series) -> bool:
     return kind == "mixed" and values.dropna().map(lambda v: isinstance(v, list | np.ndarray)).all()
 
 
-def _gate_errors(
+def gate_errors(
     table: str,
-    frame: pd.DataFrame,
+    rows: int,
     failure_rate: float,
     config: GateConfig,
     missing: list[Outcome],
@@ -346,7 +380,7 @@ def _gate_errors(
     for outcome in volume:
         if not outcome.success:
             errors.append(
-                f"volume dropped: {len(frame)} rows < {outcome.kwargs['min_value']} "
+                f"volume dropped: {rows} rows < {outcome.kwargs['min_value']} "
                 f"(min_volume_ratio {config.min_volume_ratio} x previous partition's {previous_count}) "
                 f"[{outcome.reason}]; if such quiet days are real for this source, lower "
                 f"gate.min_volume_ratio (0 turns the rule off) or set gate.min_volume_baseline"
@@ -354,7 +388,7 @@ def _gate_errors(
     return errors
 
 
-def _utc(now: dt.datetime | None) -> dt.datetime:
+def utc_now(now: dt.datetime | None) -> dt.datetime:
     if now is None:
         return dt.datetime.now(dt.UTC)
     if now.tzinfo is None:

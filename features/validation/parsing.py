@@ -59,16 +59,34 @@ def type_label(type_: pa.DataType) -> str:
 
 def _pattern_needed(values: pd.Series, type_: pa.DataType) -> str | None:
     dtype = values.dtype
+    if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
+        kind = "int"
+    elif pd.api.types.is_float_dtype(dtype):
+        kind = "float"
+    elif pd.api.types.is_numeric_dtype(dtype):
+        kind = "number"
+    elif pd.api.types.is_datetime64_any_dtype(dtype):
+        kind = "timestamp"
+    elif pa.types.is_list(type_) and _as_int_lists(values) is not None:
+        kind = "int_list"
+    else:
+        kind = "text"
+    return pattern_for(kind, type_)
+
+
+def pattern_for(kind: str, type_: pa.DataType) -> str | None:
+    """The pattern a raw column stored as ``kind`` (int, float, number, timestamp, int_list, text) must match to
+    parse as ``type_``; None when the stored type already fits. Both engines classify their dtypes into these."""
     if pa.types.is_integer(type_):
-        if pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
+        if kind == "int":
             return None
-        return INT_AS_FLOAT_TEXT if pd.api.types.is_float_dtype(dtype) else INT_TEXT
+        return INT_AS_FLOAT_TEXT if kind == "float" else INT_TEXT
     if pa.types.is_floating(type_):
-        return None if pd.api.types.is_numeric_dtype(dtype) else FLOAT_TEXT
+        return None if kind in ("int", "float", "number") else FLOAT_TEXT
     if pa.types.is_timestamp(type_):
-        return None if pd.api.types.is_datetime64_any_dtype(dtype) else TIMESTAMP_TEXT
+        return None if kind == "timestamp" else TIMESTAMP_TEXT
     if pa.types.is_list(type_):
-        return None if _as_int_lists(values) is not None else INT_LIST_TEXT
+        return None if kind == "int_list" else INT_LIST_TEXT
     return None  # strings: any value has a text form; the vocabulary checks judge it
 
 

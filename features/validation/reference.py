@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 import pandas as pd
-from great_expectations.execution_engine import PandasExecutionEngine
+from great_expectations.execution_engine import PandasExecutionEngine, SparkDFExecutionEngine
 from great_expectations.expectations.expectation import ColumnMapExpectation
 from great_expectations.expectations.metrics.map_metric_provider import (
     ColumnMapMetricProvider,
@@ -44,9 +44,18 @@ class ColumnValuesInReference(ColumnMapMetricProvider):
 
     @column_condition_partial(engine=PandasExecutionEngine)
     def _pandas(cls, column, reference, **kwargs):
-        if reference not in _REFERENCES:
-            raise KeyError(f"reference key set {reference!r} is not registered (use registered_reference)")
-        return column.isin(_REFERENCES[reference])
+        return column.isin(_known(reference))
+
+    @column_condition_partial(engine=SparkDFExecutionEngine)
+    def _spark(cls, column, reference, **kwargs):
+        # An IN over the key list (Spark turns it into a hash set); ads are few next to events.
+        return column.isin(_known(reference).tolist())
+
+
+def _known(reference: str) -> pd.Index:
+    if reference not in _REFERENCES:
+        raise KeyError(f"reference key set {reference!r} is not registered (use registered_reference)")
+    return _REFERENCES[reference]
 
 
 class ExpectColumnValuesToBeInReference(ColumnMapExpectation):

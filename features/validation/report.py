@@ -42,13 +42,29 @@ class Outcome:
     unexpected_count: int | None
     rows: np.ndarray  # positions of failing rows (empty for table-level expectations)
     observed_value: Any = None
+    values: np.ndarray | None = None  # spark: the failing rows' values of the column, in ``rows`` order
 
 
 class GxRunner:
     """An ephemeral GX context whose validations render into ``out_dir/data_docs``."""
 
-    def __init__(self, out_dir: Path, *, data_docs: bool = True) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        data_docs: bool = True,
+        engine: str = "pandas",
+        index_column: str | None = None,
+    ) -> None:
+        """``engine`` pandas or spark (GX's datasource of that name); ``index_column`` (spark: a row-id column,
+        Spark frames have no positions) names the failing rows instead of pandas' index labels."""
         self.out_dir = out_dir
+        self.index_column = index_column
+        self.result_format = (
+            {**RESULT_FORMAT, "unexpected_index_column_names": [index_column]}
+            if index_column
+            else RESULT_FORMAT
+        )
         self.context = gx.get_context(mode="ephemeral")
         self.context.variables.progress_bars = {"globally": False}
         self.actions = []
@@ -65,13 +81,14 @@ class GxRunner:
                 },
             )
             self.actions = [UpdateDataDocsAction(name="data_docs", site_names=["gemflow"])]
-        self.source = self.context.data_sources.add_pandas("raw_partitions")
+        sources = self.context.data_sources
+        self.source = (sources.add_spark if engine == "spark" else sources.add_pandas)("raw_partitions")
 
     @property
     def data_docs_index(self) -> Path | None:
         return self.out_dir / DATA_DOCS_DIR / "index.html" if self.actions else None
 
-    def run(self, name: str, frame: pd.DataFrame, expectations: list[Expectation]) -> list[Outcome]:
+    def run(self, name: str, frame, expectations: list[Expectation]) -> list[Outcome]:
         batch = self.source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
         suite = self.context.suites.add(gx.ExpectationSuite(name=name, expectations=expectations))
         definition = self.context.validation_definitions.add(
@@ -82,15 +99,15 @@ class GxRunner:
                 name=name,
                 validation_definitions=[definition],
                 actions=self.actions,
-                result_format=RESULT_FORMAT,
+                result_format=self.result_format,
             )
         )
         result = checkpoint.run(batch_parameters={"dataframe": frame})
         (validation,) = result.run_results.values()
-        return [_outcome(r) for r in validation.results]
+        return [_outcome(r, self.index_column) for r in validation.results]
 
 
-def _outcome(result: Any) -> Outcome:
+def _outcome(result: Any, index_column: str | None = None) -> Outcome:
     config = result.expectation_config
     reason = (config.meta or {}).get("reason", config.type)
     info = result.exception_info or {}
@@ -100,6 +117,12 @@ def _outcome(result: Any) -> Outcome:
     details = result.result or {}
     row_level = "unexpected_index_list" in details or "unexpected_list" in details
     indices = details.get("unexpected_index_list") or []
+    values = None
+    if index_column is not None and indices:
+        # Spark: one dict per failing row, its id and the value(s) it failed on.
+        column = config.kwargs.get("column")
+        values = np.asarray([d.get(column) for d in indices], dtype=object) if column else None
+        indices = [d[index_column] for d in indices]
     if indices and isinstance(indices[0], dict):
         raise RuntimeError(f"{reason}: expected row positions from GX, got {indices[0]!r}")
     return Outcome(
@@ -111,6 +134,7 @@ def _outcome(result: Any) -> Outcome:
         unexpected_count=details.get("unexpected_count"),
         rows=np.asarray(indices, dtype=np.int64),
         observed_value=details.get("observed_value"),
+        values=values,
     )
 
 

@@ -52,6 +52,8 @@ for dag_id in ("gemflow_register", "gemflow_refresh", "gemflow_deploy", "gemflow
             for t in dag.tasks
         }},
     }}
+ingest = bag.dags["gemflow_ingest"].get_task("ingest")
+out["ingest"] = {{"command": list(ingest.op_args[0]) if hasattr(ingest, "op_args") else list(ingest.arguments)}}
 print(json.dumps(out))
 """
 
@@ -62,9 +64,17 @@ def test_pipeline_dags_wiring(tmp_path):
     template.write_text("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - name: base\n")
     for mode, operator in (("local", "PythonOperator"), ("cluster", "StagePodOperator")):
         engine = "spark" if mode == "cluster" else "local"  # the platform's data_engine (gemflow up)
+        spark = {  # what the chart's stage settings hold when stages.dataEngine is spark (tests/helm)
+            "GEMFLOW_SPARK_CONF": json.dumps(
+                {"spark.sql.shuffle.partitions": "24", "spark.executor.instances": "4"}
+            ),
+            "GEMFLOW_SPARK_POD_TEMPLATE_FILE": str(template),
+            "GEMFLOW_SPARK_SERVICE_ACCOUNT": "gemflow-spark",
+        }
         env = airflow_env(
-            tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template), GEMFLOW_DATA_ENGINE=engine
-        )
+            tmp_path, GEMFLOW_MODE=mode, GEMFLOW_POD_TEMPLATE_FILE=str(template), GEMFLOW_DATA_ENGINE=engine,
+            **spark,
+        )  # fmt: skip
         out = run_airflow_python(WIRING, env)
         assert out["errors"] == {}, out["errors"]
         reg, ref, dep = (out["dags"][d] for d in ("gemflow_register", "gemflow_refresh", "gemflow_deploy"))
@@ -104,8 +114,21 @@ def test_pipeline_dags_wiring(tmp_path):
         assert [t for t, v in ranker["tasks"].items() if v["outlets"]] == ["register_and_gate"]
         assert ranker["tasks"]["register_and_gate"]["outlets"] == ["gemflow.ranker_champion"]
         assert ranker["tasks"]["backfill_embeddings"]["upstream"] == ["training_due"]
-        for build in (train["tasks"]["build_training_set"], ranker["tasks"]["build_training_set"]):
-            assert build["command"][build["command"].index("--set") + 1] == f"engine={engine}"
+        ingest = out["ingest"]
+        for build in (train["tasks"]["build_training_set"], ranker["tasks"]["build_training_set"], ingest):
+            command = build["command"]
+            assert command[command.index("--set") + 1] == f"engine={engine}"
+            if mode == "cluster":  # Spark on Kubernetes: spark-submit in cluster mode runs the same command
+                assert command[:4] == [
+                    "--master",
+                    "k8s://https://kubernetes.default.svc",
+                    "--deploy-mode",
+                    "cluster",
+                ]
+                assert "spark.executor.instances=4" in command
+                entry = command.index("local:///opt/gemflow/spark_main.py")
+                assert command[entry + 1] in ("build-training-set", "ingest")
+                assert command[-4:] == ["--set", "spark.master=", "--set", "spark.shuffle_partitions=24"]
         # Airflow as users expect: typed, described params; docs; a timeout and a failure callback per stage
         for d in (reg, ref, dep, train, ranker):
             assert d["doc"] and all(d["param_docs"].values()), d["param_docs"]

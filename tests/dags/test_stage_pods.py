@@ -114,7 +114,8 @@ def test_stage_pods_run_the_stage_on_the_shared_workspace_and_store(stage_pods):
             assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "gemflow-mlflow-auth", "key": key}, task
         assert "secretKeyRef" in env["AWS_SECRET_ACCESS_KEY"]["valueFrom"], task  # object storage settings
     ingest = pods["gemflow_ingest.ingest"]["spec"]["containers"][0]
-    assert ingest["args"] == ["ingest", "--date", "{{ ds }}"]  # templated at run time
+    # templated at run time; the data engine (stages.dataEngine, local by default) picked per stage
+    assert ingest["args"] == ["ingest", "--date", "{{ ds }}", "--set", "engine=local"]
 
 
 def test_stage_pods_validate_strictly(stage_pods):

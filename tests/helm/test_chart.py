@@ -186,6 +186,8 @@ def test_every_component_is_rendered(rendered):
         ("mlflow.auth.defaultPermission=WRITE", "defaultPermission"),
         ("mlflow.auth.enabled=yes", "mlflow.auth.enabled"),
         ("stages.dataEngine=dask", "dataEngine"),
+        ("stages.dataEngine=spark,stages.spark.executor.instances=0", "instances"),
+        ("stages.dataEngine=spark,stages.spark.executor.memory=6GB", "memory"),
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(chart_without_airflow, override, message):
@@ -1054,6 +1056,56 @@ def test_stage_settings_switch_the_dags_to_cluster_mode(rendered):
             assert data["GEMFLOW_DATA_ENGINE"] == "local"  # the training sets' engine; spark is opt-in
             pod = yaml.safe_load(data["pod-template.yaml"])
             assert pod["spec"]["containers"][0]["name"] == "base"  # the container KPO fills in
+
+
+def test_spark_engine_renders_service_account_rbac_pod_template_and_sizing(chart_without_airflow, rendered):
+    """stages.dataEngine=spark: what spark-submit in cluster mode needs (dags/gemflow_spark.py); nothing of it
+    under the default local engine."""
+    assert not [d for _, d in _all_docs(rendered) if "spark" in d["metadata"]["name"]]
+    proc = _render(
+        chart_without_airflow, "values.yaml", "--set",
+        "stages.dataEngine=spark,stages.spark.executor.instances=8,stages.spark.executor.memory=12g",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(proc.stdout) if d}
+    assert ("ServiceAccount", "gemflow-spark") in docs
+    rules = {r["resources"][0]: set(r["verbs"]) for r in docs[("Role", "gemflow-spark")]["rules"]}
+    assert {"create", "watch", "delete"} <= rules["pods"]  # the driver starts and removes its executors
+    assert {"create", "delete"} <= rules["services"] and "patch" not in rules["services"]
+    binding = docs[("RoleBinding", "gemflow-spark")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gemflow-spark", "namespace": NAMESPACE}
+    ]
+    assert binding["roleRef"]["name"] == "gemflow-spark"
+    policy = docs[("NetworkPolicy", "gemflow-spark")]["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"gemflow.io/spark": "true"}}
+    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"gemflow.io/spark": "true"}}}]}]
+
+    data = docs[("ConfigMap", "gemflow-stage-settings")]["data"]
+    assert data["GEMFLOW_DATA_ENGINE"] == "spark" and data["GEMFLOW_SPARK_SERVICE_ACCOUNT"] == "gemflow-spark"
+    conf = json.loads(data["GEMFLOW_SPARK_CONF"])
+    assert conf["spark.kubernetes.container.image"] == data["GEMFLOW_IMAGE"]
+    assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == "gemflow-spark"
+    assert conf["spark.kubernetes.namespace"] == NAMESPACE
+    assert (conf["spark.executor.instances"], conf["spark.executor.memory"]) == ("8", "12g")
+    assert conf["spark.kubernetes.driver.podTemplateFile"] == data["GEMFLOW_SPARK_POD_TEMPLATE_FILE"]
+    spark_pod = yaml.safe_load(data["spark-pod-template.yaml"])
+    stage_pod = yaml.safe_load(data["pod-template.yaml"])
+    assert spark_pod["spec"]["serviceAccountName"] == "gemflow-spark"
+    assert (
+        spark_pod["spec"]["automountServiceAccountToken"] is True
+    )  # spark-submit and the driver call the API
+    assert stage_pod["spec"]["automountServiceAccountToken"] is False  # the other stages still do not
+    container = spark_pod["spec"]["containers"][0]
+    assert container["command"] == ["/opt/gemflow/spark-entrypoint.sh"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["stage-settings"] == str(Path(data["GEMFLOW_SPARK_POD_TEMPLATE_FILE"]).parent)
+    assert "workspace" in mounts  # executors write the offline store's partitions
+    # the same pod otherwise: volumes, env, security context
+    assert [v["name"] for v in stage_pod["spec"]["volumes"]] == [
+        v["name"] for v in spark_pod["spec"]["volumes"] if v["name"] != "stage-settings"
+    ]
+    assert container["env"] == stage_pod["spec"]["containers"][0]["env"]
 
 
 def test_network_policies_default_deny_and_cover_every_component(rendered):

@@ -277,3 +277,111 @@ volumes:
       medium: Memory
       sizeLimit: {{ .root.Values.training.shmSize }}
 {{- end -}}
+
+{{/* Spark on Kubernetes ---------------------------------------------------------------------------------- */}}
+{{/* The spark-submit settings of the Spark stages, as JSON (GEMFLOW_SPARK_CONF): image, ServiceAccount, pod
+     templates (the stage pod's volumes, env and security context), sizing. */}}
+{{- define "gemflow.sparkConf" -}}
+{{- $s := .Values.stages.spark -}}
+{{- $template := "/opt/gemflow/stage/spark-pod-template.yaml" -}}
+{{- dict
+  "spark.kubernetes.namespace" .Release.Namespace
+  "spark.kubernetes.container.image" (default (include "gemflow.image" .) $s.image)
+  "spark.kubernetes.container.image.pullPolicy" .Values.image.pullPolicy
+  "spark.kubernetes.authenticate.driver.serviceAccountName" $s.serviceAccount
+  "spark.kubernetes.authenticate.submission.caCertFile" "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+  "spark.kubernetes.authenticate.submission.oauthTokenFile" "/var/run/secrets/kubernetes.io/serviceaccount/token"
+  "spark.kubernetes.driver.podTemplateFile" $template
+  "spark.kubernetes.executor.podTemplateFile" $template
+  "spark.kubernetes.driver.podTemplateContainerName" "base"
+  "spark.kubernetes.executor.podTemplateContainerName" "base"
+  "spark.pyspark.python" "/opt/gemflow/bin/python"
+  "spark.driver.cores" (toString $s.driver.cores)
+  "spark.driver.memory" $s.driver.memory
+  "spark.executor.instances" (toString $s.executor.instances)
+  "spark.executor.cores" (toString $s.executor.cores)
+  "spark.executor.memory" $s.executor.memory
+  "spark.executor.memoryOverhead" $s.executor.memoryOverhead
+  "spark.sql.shuffle.partitions" (toString $s.shufflePartitions)
+  "spark.sql.session.timeZone" "UTC"
+  | toJson -}}
+{{- end -}}
+
+{{/* A stage pod (the KubernetesPodOperator template): .serviceAccount runs it; .apiToken mounts its token
+     (spark: spark-submit and the driver talk to the API server) and the stage settings (spark-pod-template.yaml). */}}
+{{- define "gemflow.stagePod" -}}
+{{- $root := .root -}}
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gemflow-stage
+  labels:
+    {{- include "gemflow.labels" (dict "root" $root "component" "stage") | nindent 4 }}
+    {{- if .apiToken }}
+    gemflow.io/spark: "true"  # spark-submit, driver, executors: templates/spark.yaml's NetworkPolicy
+    {{- end }}
+spec:
+  serviceAccountName: {{ .serviceAccount }}
+  automountServiceAccountToken: {{ .apiToken }}
+  restartPolicy: Never
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- include "gemflow.podSecurityContext" $root | nindent 4 }}
+  containers:
+    # KubernetesPodOperator fills in the command of the container named "base".
+    - name: base
+      image: {{ include "gemflow.image" $root }}
+      {{- if .apiToken }}
+      # Spark's driver and executor pods get `driver ...` / `executor` as arguments (docker/spark-entrypoint.sh);
+      # the spark-submit pod's command (KubernetesPodOperator's cmds) replaces this one.
+      command: ["/opt/gemflow/spark-entrypoint.sh"]
+      {{- end }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      securityContext:
+        {{- include "gemflow.containerSecurityContext" $root | nindent 8 }}
+      env:
+        {{- include "gemflow.mlflowEnv" $root | nindent 8 }}
+        {{- include "gemflow.clientEnv" $root | nindent 8 }}
+        {{- include "gemflow.objectStorageEnv" $root | nindent 8 }}
+        {{- if $root.Values.ranker.enabled }}
+        # the InferenceService `gemflow deploy --mode cluster` applies (ranker-manifest-configmap.yaml)
+        - name: GEMFLOW_RANKER_MANIFEST_FILE
+          value: /opt/gemflow/ranker/inferenceservice.yaml
+        {{- end }}
+      resources:
+        {{- toYaml $root.Values.stages.resources | nindent 8 }}
+      volumeMounts:
+        {{- include "gemflow.scratchMounts" $root | nindent 8 }}
+        {{- include "gemflow.feastMount" $root | nindent 8 }}
+        - name: workspace
+          mountPath: {{ $root.Values.workspace.mountPath }}
+        {{- if .apiToken }}
+        - name: stage-settings
+          mountPath: /opt/gemflow/stage
+          readOnly: true
+        {{- end }}
+        {{- if $root.Values.ranker.enabled }}
+        - name: ranker-manifest
+          mountPath: /opt/gemflow/ranker
+          readOnly: true
+        {{- end }}
+  volumes:
+    {{- include "gemflow.scratchVolumes" $root | nindent 4 }}
+    {{- include "gemflow.feastVolume" $root | nindent 4 }}
+    {{- if .apiToken }}
+    - name: stage-settings
+      configMap:
+        name: {{ $root.Values.stages.settingsConfigMap }}
+    {{- end }}
+    - name: workspace
+      persistentVolumeClaim:
+        claimName: {{ include "gemflow.workspaceClaim" $root }}
+    {{- if $root.Values.ranker.enabled }}
+    - name: ranker-manifest
+      configMap:
+        name: {{ include "gemflow.componentName" (dict "root" $root "component" "ranker-manifest") }}
+    {{- end }}
+{{- end -}}
