@@ -33,7 +33,8 @@ from models.embeddings.ad_vectors import (
 )
 from serving.retrieval.config import IndexConfig, RetrievalConfig
 from serving.retrieval.eligibility import AdEligibility, AdFilter
-from serving.retrieval.index import AdIndex, Retrieved
+from serving.retrieval.index import AdIndex, Retrieved, build_index
+from serving.retrieval.index_files import current_index, index_meta, load_index
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class RetrievalUnavailable(RuntimeError):
 class Snapshot:
     index: AdIndex
     queries: UserQueries
-    source: str  # the folder it was built from
+    source: str  # what it was built from: the refresh folder, and the index build it mapped (``source_key``)
     cold_query: np.ndarray  # the mean user query: what a user without one retrieves with
 
     @property
@@ -54,19 +55,41 @@ class Snapshot:
         return self.index.model_version
 
 
+def source_key(folder: Path) -> str:
+    """The refresh folder and its current index build: a new build of the same folder is a new source."""
+    built = current_index(folder)
+    return f"{folder}#{built.name if built else 'built-here'}"
+
+
 def build_snapshot(folder: Path, cfg: IndexConfig, advertiser_of: dict[int, int] | None = None) -> Snapshot:
-    """Index + queries of one refresh folder; their versions must agree (one refresh writes both)."""
-    ads = read_ad_vectors(folder, AD_VECTOR_FILE)
+    """Index + queries of one refresh folder; their versions must agree (one refresh writes both). The index is
+    the folder's current build, memory-mapped, when one of the configured kind is there; else built here."""
+    key = source_key(folder)
     queries = read_ad_vectors(folder, USER_QUERY_FILE)
-    if queries.model_version != ads.model_version:
+    built = current_index(folder)
+    meta = index_meta(built) if built else None
+    usable = meta is not None and meta["model_version"] == queries.model_version
+    if usable and meta["kind"] == cfg.resolved_kind(meta["ads"]):
+        index = load_index(built, cfg)
+        log.info("retrieval: mapped the %s index %s in %.3f s", index.kind, built, index.load_seconds)
+    else:
+        if meta is not None:  # another kind, or a build from before the vectors were rewritten
+            log.warning("retrieval: %s (a %s index of %s) does not fit this server (%s, %s): building its own",
+                        built, meta["kind"], meta["model_version"], cfg.kind, queries.model_version)  # fmt: skip
+        else:
+            log.warning("retrieval: no index file under %s (gemflow retrieval-index writes one): building it "
+                        "in this process", folder)  # fmt: skip
+        index = build_index(read_ad_vectors(folder, AD_VECTOR_FILE), cfg)
+    if queries.model_version != index.model_version:
         raise ValueError(
-            f"{folder}: user queries of {queries.model_version!r} beside ad vectors of {ads.model_version!r}"
+            f"{folder}: user queries of {queries.model_version!r} beside ad vectors of {index.model_version!r}"
         )
-    eligibility = AdEligibility.everything(len(ads.ad_ids))
     if advertiser_of:
-        eligibility.advertiser[:] = [advertiser_of.get(int(a), -1) for a in ads.ad_ids]
-    cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(ads.dim, np.float32)
-    return Snapshot(AdIndex(ads, cfg, eligibility), queries, str(folder), cold.astype(np.float32))
+        eligibility = AdEligibility.everything(len(index))
+        eligibility.advertiser[:] = [advertiser_of.get(int(a), -1) for a in index.ad_ids]
+        index = index.with_eligibility(eligibility)
+    cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(index.dim, np.float32)
+    return Snapshot(index, queries, key, cold.astype(np.float32))
 
 
 def latest_folder(ws: Workspace) -> Path | None:
@@ -105,7 +128,7 @@ class RetrievalService:
         if folder is None:
             log.warning("retrieval: no refresh has written %s yet", RETRIEVAL_TABLE)
             return False
-        if self._current is not None and self._current.source == str(folder):
+        if self._current is not None and self._current.source == source_key(folder):
             return False
         advertisers = self.advertiser_of() if self.advertiser_of else None
         self.swap(build_snapshot(folder, self.cfg.index, advertisers))

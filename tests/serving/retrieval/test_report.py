@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from gemflow.cli import app
 from gemflow.workspace import Workspace
 from models.embeddings.ad_vectors import RETRIEVAL_TABLE
+from serving.retrieval.index_files import current_index
 from serving.retrieval.report import EXPERIMENT, REPORT_FILE
 from tests.serving.retrieval.test_service import ADS, write_refresh
 
@@ -37,6 +39,8 @@ def test_the_newest_refresh_is_measured_and_tracked(ws):
     assert 0.9 <= report["recall_at_50"] <= 1.0 and report["index_bytes"] > ADS * 8 * 4
     written = json.loads((ws.offline(RETRIEVAL_TABLE, dt.date(2026, 3, 2)) / REPORT_FILE).read_text())
     assert written["recall_at_50"] == report["recall_at_50"]
+    # the build is on disk for the servers to map, and it is the one measured
+    assert current_index(ws.offline(RETRIEVAL_TABLE, dt.date(2026, 3, 2))) == Path(report["index_path"])
 
     import mlflow
 
