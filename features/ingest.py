@@ -55,6 +55,7 @@ from features.feature_repo.tables import EVENT_TS, STATS_WINDOWS
 from features.schema import RECENT_EVENTS, SCHEMAS
 from features.stats import (
     ad_attributes_table,
+    ad_serving_table,
     ad_stats_table,
     read_events,
     recent_events_table,
@@ -254,6 +255,7 @@ def write_accepted(ws: Workspace, day: dt.date, accepted: dict[str, pd.DataFrame
     return {
         "user_profile": write_table(ws, "user_profile", day, user_profile_table(accepted["users"], day)),
         "ad_attributes": write_table(ws, "ad_attributes", day, ad_attributes_table(accepted["ads"], day)),
+        "ad_serving": write_table(ws, "ad_serving", day, ad_serving_table(accepted["ads"], day)),
     }
 
 

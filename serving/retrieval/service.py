@@ -14,6 +14,7 @@ A user without a query of this version (not refreshed yet) is retrieved for by t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -32,7 +33,7 @@ from models.embeddings.ad_vectors import (
     read_ad_vectors,
 )
 from serving.retrieval.config import IndexConfig, RetrievalConfig
-from serving.retrieval.eligibility import AdEligibility, AdFilter
+from serving.retrieval.eligibility import AdFilter, OfflineEligibility
 from serving.retrieval.index import AdIndex, Retrieved, build_index
 from serving.retrieval.index_files import current_index, index_meta, load_index
 
@@ -49,6 +50,7 @@ class Snapshot:
     queries: UserQueries
     source: str  # what it was built from: the refresh folder, and the index build it mapped (``source_key``)
     cold_query: np.ndarray  # the mean user query: what a user without one retrieves with
+    eligibility_key: str = ""  # the eligibility tables it read (``OfflineEligibility.key``)
 
     @property
     def version(self) -> str:
@@ -61,7 +63,7 @@ def source_key(folder: Path) -> str:
     return f"{folder}#{built.name if built else 'built-here'}"
 
 
-def build_snapshot(folder: Path, cfg: IndexConfig, advertiser_of: dict[int, int] | None = None) -> Snapshot:
+def build_snapshot(folder: Path, cfg: IndexConfig, eligibility: OfflineEligibility | None = None) -> Snapshot:
     """Index + queries of one refresh folder; their versions must agree (one refresh writes both). The index is
     the folder's current build, memory-mapped, when one of the configured kind is there; else built here."""
     key = source_key(folder)
@@ -84,12 +86,16 @@ def build_snapshot(folder: Path, cfg: IndexConfig, advertiser_of: dict[int, int]
         raise ValueError(
             f"{folder}: user queries of {queries.model_version!r} beside ad vectors of {index.model_version!r}"
         )
-    if advertiser_of:
-        eligibility = AdEligibility.everything(len(index))
-        eligibility.advertiser[:] = [advertiser_of.get(int(a), -1) for a in index.ad_ids]
-        index = index.with_eligibility(eligibility)
     cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(index.dim, np.float32)
-    return Snapshot(index, queries, key, cold.astype(np.float32))
+    snap = Snapshot(index, queries, key, cold.astype(np.float32))
+    return with_eligibility(snap, eligibility) if eligibility is not None else snap
+
+
+def with_eligibility(snap: Snapshot, eligibility: OfflineEligibility) -> Snapshot:
+    """The snapshot's index and queries (shared) under the eligibility tables as they are now."""
+    key = eligibility.key()
+    index = snap.index.with_eligibility(eligibility.build(np.asarray(snap.index.ad_ids)))
+    return dataclasses.replace(snap, index=index, eligibility_key=key)
 
 
 def latest_folder(ws: Workspace) -> Path | None:
@@ -99,10 +105,10 @@ def latest_folder(ws: Workspace) -> Path | None:
 
 
 class RetrievalService:
-    def __init__(self, cfg: RetrievalConfig, ws: Workspace, advertiser_of=None):
+    def __init__(self, cfg: RetrievalConfig, ws: Workspace, eligibility: OfflineEligibility | None = None):
         cfg.validate()
         self.cfg, self.ws = cfg, ws
-        self.advertiser_of = advertiser_of  # () -> {ad_id: advertiser_id}, read at each build
+        self.eligibility = eligibility  # paused ads, surfaces, advertisers; None: every ad everywhere
         self._current: Snapshot | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -128,10 +134,13 @@ class RetrievalService:
         if folder is None:
             log.warning("retrieval: no refresh has written %s yet", RETRIEVAL_TABLE)
             return False
-        if self._current is not None and self._current.source == source_key(folder):
-            return False
-        advertisers = self.advertiser_of() if self.advertiser_of else None
-        self.swap(build_snapshot(folder, self.cfg.index, advertisers))
+        current = self._current
+        if current is not None and current.source == source_key(folder):
+            if self.eligibility is None or current.eligibility_key == self.eligibility.key():
+                return False
+            self.swap(with_eligibility(current, self.eligibility))  # the ad tables changed: same index
+            return True
+        self.swap(build_snapshot(folder, self.cfg.index, self.eligibility))
         return True
 
     def start(self) -> None:
@@ -161,17 +170,6 @@ class RetrievalService:
         hits = snap.index.search(snap.cold_query if cold else query, snap.queries.model_version, k, flt)
         log.debug("retrieved %d ads in %.2f ms", len(hits.ad_ids), 1e3 * (time.perf_counter() - t0))
         return hits, cold
-
-
-def offline_advertisers(ws: Workspace) -> dict[int, int]:
-    """ad_id -> advertiser_id from the newest ``ad_attributes`` partition ({} when there is none)."""
-    from features.feature_repo.offline import read_partition
-
-    days = partition_days(ws, "offline", "ad_attributes")
-    if not days:
-        return {}
-    table = read_partition(ws.offline("ad_attributes", days[-1]), ["ad_id", "ad_advertiser_id"])
-    return dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
 
 
 def retrieval_block(hits: Retrieved, cold: bool, ms: float) -> dict:
