@@ -62,3 +62,12 @@ def test_a_given_day_and_a_missing_one(ws):
     assert '"kind": "exact"' in result.output and '"recall_at_20": 1.0' in result.output  # auto: 400 ads
     missing = runner.invoke(app, [*base, "--date", "2026-02-01"])
     assert missing.exit_code == 2 and "no retrieval vectors under" in missing.output
+
+
+def test_a_refresh_without_vectors_is_skipped_for_the_dag(tmp_path):
+    """A click-objective user model's refresh writes no vectors: the DAG's index task is skipped (exit 4)."""
+    ws = Workspace(tmp_path / "ws")
+    args = ["retrieval-index", "--workspace", str(ws.root), "--no-track", "--skip-without-vectors"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 4 and "nothing to index" in result.output
+    assert runner.invoke(app, args[:-1]).exit_code == 2  # without the flag: an error, as before
