@@ -144,6 +144,9 @@ class RetrievalService:
         return True
 
     def start(self) -> None:
+        import faiss
+
+        faiss.omp_set_num_threads(self.cfg.search_threads)
         self.load()
         if self.cfg.reload_seconds > 0:
             self._thread = threading.Thread(target=self._reload_loop, name="retrieval-reload", daemon=True)
