@@ -71,7 +71,9 @@ def prepare(world_dir: Path, ads: int) -> dict:
     world = build_world(world_dir, num_ads=ads, d_model=64, max_recent=64)
     print(f"serving world ({ads:,} ads, materialized) in {time.perf_counter() - t0:.0f} s", flush=True)
     folder = world.ws.offline(RETRIEVAL_TABLE, DAY)
-    write_ad_vectors(folder, AdVectors(np.arange(ads, dtype=np.int64), clustered(ads, d, 2000, 1), USER_MODEL_VERSION))
+    write_ad_vectors(
+        folder, AdVectors(np.arange(ads, dtype=np.int64), clustered(ads, d, 2000, 1), USER_MODEL_VERSION)
+    )
     users = np.array(HEALTHY_USERS, np.int64)
     queries = clustered(len(users), d, 2000, 2) * 20.0
     write_ad_vectors(folder, UserQueries(users, queries, USER_MODEL_VERSION), name=USER_QUERY_FILE)
@@ -153,7 +155,9 @@ def run(args) -> list[tuple[str, str]]:
             reply = orjson.loads(probe)
             assert status == 200, reply
             ret = reply["retrieval"]
-            print(f"{surface}: eligible {ret['eligible']:,}, retrieved {ret['retrieved']}, method {ret['method']}")
+            print(
+                f"{surface}: eligible {ret['eligible']:,}, retrieved {ret['retrieved']}, method {ret['method']}"
+            )
             for _ in range(args.warm):  # first touches of the mapped pages and the scorer's shapes
                 Client(base).post(PREDICT, bodies[0])
             res = open_loop(base, bodies, args.rate, args.seconds, proc)
