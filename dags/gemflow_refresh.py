@@ -4,7 +4,10 @@ Runs when a champion is promoted (CHAMPION: the event's ``model_uri`` pins the v
 every ingested day (FEATURES: the event's ``day`` is the day refreshed), so the embeddings follow both new models
 and new events. The refresh is idempotent per day (it overwrites that day's partition). Before the first
 champion exists the task is skipped ("nothing to do", ``--skip-without-champion`` exits 4), so no EMBEDDINGS
-event is published. EMBEDDINGS carries ``{"day", "user_model_version", "model_uri"}``.
+event is published. EMBEDDINGS carries ``{"day", "user_model_version", "model_uri"}``. Then ``build_retrieval_index``
+(``gemflow retrieval-index``) builds the retrieval index from the vectors the refresh wrote, writes it beside them
+for the servers to map and tracks it in MLflow (``gemflow-retrieval``); skipped for a user model without a
+next-item head (no vectors) and when the refresh itself was skipped.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ E = Embedded.from_env()
     tags=["gemflow", "embeddings"],
 )
 def gemflow_refresh():
-    stage_task(
+    refresh = stage_task(
         "refresh_embeddings",
         "refresh-embeddings",
         "--model-uri", event_value("model_uri", "params.model_uri", "last"),
@@ -42,6 +45,15 @@ def gemflow_refresh():
         outlets=(EMBEDDINGS,),
         timeout=dt.timedelta(hours=1),
     )  # fmt: skip
+    # the champion or the ad table changed (FEATURES: a day ingested): the index the servers map, rebuilt
+    index = stage_task(
+        "build_retrieval_index",
+        "retrieval-index",
+        "--date", event_value("day", "params.date"),
+        "--skip-without-vectors",
+        timeout=dt.timedelta(hours=1),
+    )  # fmt: skip
+    refresh >> index
 
 
 gemflow_refresh()

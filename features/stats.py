@@ -17,6 +17,7 @@ from features import recent_events
 from features.feature_repo.offline import day_end, day_start, read_days
 from features.feature_repo.tables import (
     AD_ATTRIBUTES,
+    AD_SERVING,
     AD_STATS,
     CREATED_TS,
     EVENT_TS,
@@ -24,7 +25,7 @@ from features.feature_repo.tables import (
     USER_PROFILE,
     stats_column,
 )
-from features.schema import ACTION_ID, ACTIONS, GENDERS, RECENT_EVENTS, SURFACES
+from features.schema import ACTION_ID, ACTIONS, GENDERS, RECENT_EVENTS, SURFACE_ID, SURFACES
 from gemflow.workspace import Workspace
 
 EPOCH = pd.Timestamp("1970-01-01", tz="UTC")
@@ -84,6 +85,22 @@ def ad_attributes_table(ads: pd.DataFrame, day: dt.date) -> pa.Table:
         "ad_quality": ads["quality"].to_numpy(np.float32),
     }
     return _stamped(frame, stamps.array, AD_ATTRIBUTES)
+
+
+def ad_serving_table(ads: pd.DataFrame, day: dt.date) -> pa.Table:
+    """Where each ad may be served: ``paused`` (bool) and ``surfaces`` (a list of SURFACES names) when the ads
+    source carries them; an ad without them is live on every surface."""
+    ads = ads.sort_values("ad_id", kind="stable")
+    stamps = ads["created_ts"].clip(lower=day_start(day))
+    every = (1 << len(SURFACES)) - 1
+    paused = ads["paused"].fillna(False).to_numpy(bool) if "paused" in ads else np.zeros(len(ads), bool)
+    if "surfaces" in ads:
+        bits = [every if s is None else sum(1 << SURFACE_ID[x] for x in s) for s in ads["surfaces"]]
+        surfaces = np.asarray(bits, np.int64)
+    else:
+        surfaces = np.full(len(ads), every, np.int64)
+    frame = {"ad_id": ads["ad_id"].to_numpy(np.int64), "ad_paused": paused, "ad_surfaces": surfaces}
+    return _stamped(frame, stamps.array, AD_SERVING)
 
 
 def ad_stats_table(events: pd.DataFrame, ad_ids: np.ndarray, day: dt.date) -> pa.Table:

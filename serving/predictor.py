@@ -51,8 +51,8 @@ from serving.id_rows import IdRows
 from serving.model_source import ServedModel, load_served_model
 from serving.pauses import PauseMonitor
 from serving.request_scorer import Job, RequestScorer
-from serving.retrieval.eligibility import AdFilter
-from serving.retrieval.service import RetrievalService, offline_advertisers, retrieval_block
+from serving.retrieval.eligibility import AdFilter, OfflineEligibility
+from serving.retrieval.service import RetrievalService, retrieval_block
 from serving.schema import ParsedRequest, RequestError, parse_request
 from serving.scoring_processes import ScoringProcesses, WorkerSetup
 from serving.scoring_threads import ScoringThreads
@@ -133,9 +133,7 @@ class RankerPredictor(Model):
             self.ads = AdTable(here, at.refresh_seconds, max_failures=at.max_refresh_failures)
         self.ads.start()
         if self.cfg.retrieval.enabled:
-            self.retrieval = RetrievalService(
-                self.cfg.retrieval, self.ws, functools.partial(offline_advertisers, self.ws)
-            )
+            self.retrieval = RetrievalService(self.cfg.retrieval, self.ws, OfflineEligibility(self.ws))
             self.retrieval.start()
         self._warm_up()
         self.ready = True  # the model is loaded: requests are served (degraded if the store is down)

@@ -7,6 +7,9 @@ Every table carries ``event_timestamp`` (when the row became true: the "as of" t
     user_profile        user_id, user_age, user_gender (GENDERS id), user_country
     ad_attributes       ad_id, ad_advertiser_id, ad_category_id, ad_quality
     ad_stats            ad_id, {impressions,clicks,conversions,ctr,cvr}_{1,7,28}d
+    ad_serving          ad_id, ad_paused, ad_surfaces (bit i: may show on SURFACES[i]): where an ad may be
+                        served, read by retrieval's eligibility filter; not a Feast view (the ranker's dense
+                        features are every numeric column of its views, and these are not features)
     user_recent_events  user_id, the last RECENT_EVENTS events in time order (oldest first):
                         recent_ad_ids, recent_actions, recent_category_ids, recent_ts (int64 seconds),
                         recent_time_gaps (float32 seconds from each event to the row's event_timestamp),
@@ -57,6 +60,15 @@ AD_ATTRIBUTES = pa.schema(
     ]
 )
 
+AD_SERVING = pa.schema(
+    [
+        pa.field("ad_id", pa.int64(), nullable=False),
+        pa.field("ad_paused", pa.bool_(), nullable=False),
+        pa.field("ad_surfaces", pa.int64(), nullable=False),
+        *_stamps(),
+    ]
+)
+
 AD_STATS = pa.schema(
     [pa.field("ad_id", pa.int64(), nullable=False)]
     + [
@@ -98,6 +110,7 @@ FEATURE_TABLES: dict[str, pa.Schema] = {
     "user_profile": USER_PROFILE,
     "ad_attributes": AD_ATTRIBUTES,
     "ad_stats": AD_STATS,
+    "ad_serving": AD_SERVING,
     "user_recent_events": USER_RECENT_EVENTS,
     "user_embedding": USER_EMBEDDING,
 }

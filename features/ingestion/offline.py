@@ -15,6 +15,7 @@ from features.feature_repo.offline import partition_days, partition_rows, read_p
 from features.schema import SCHEMAS
 from features.stats import (
     ad_attributes_table,
+    ad_serving_table,
     ad_stats_table,
     read_events,
     recent_events_table,
@@ -68,6 +69,7 @@ def write_snapshot_features(ws: Workspace, day: dt.date, users: pd.DataFrame, ad
     return {
         "user_profile": write_table(ws, "user_profile", day, user_profile_table(users, day)),
         "ad_attributes": write_table(ws, "ad_attributes", day, ad_attributes_table(ads, day)),
+        "ad_serving": write_table(ws, "ad_serving", day, ad_serving_table(ads, day)),
     }
 
 

@@ -127,15 +127,19 @@ def register(app: typer.Typer) -> None:
         sample: Annotated[int, typer.Option(help="Users whose queries are searched.")] = 200,
         track: Annotated[bool, typer.Option(help="Log the report to MLflow (gemflow-retrieval).")] = True,
         tracking_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = "",
+        skip_without_vectors: Annotated[
+            bool, typer.Option(help="Exit 4 (skip) when the refresh wrote no retrieval vectors (a click model).")
+        ] = False,
         cfg_path: ConfigOpt = None,
         overrides: SetOpt = None,
         ws: WorkspaceOpt = None,
     ) -> None:
-        """Build the retrieval index from a refresh's ad vectors as the server would (--set retrieval.index.*),
-        measure it (recall@K vs exact, per-query latency, size) and record it."""
+        """Build the retrieval index from a refresh's ad vectors (--set retrieval.index.*) and write it beside them
+        for the servers to map, measure it (recall@K vs exact, per-query latency, size) and record it."""
         import datetime as dt
 
-        from models.embeddings.ad_vectors import RETRIEVAL_TABLE
+        from gemflow.exit_codes import UNCHANGED
+        from models.embeddings.ad_vectors import AD_VECTOR_FILE, RETRIEVAL_TABLE
         from serving.config import ServingConfig
         from serving.retrieval.report import index_report, track_report, write_report
         from serving.retrieval.service import latest_folder
@@ -146,6 +150,9 @@ def register(app: typer.Typer) -> None:
             folder = w.offline(RETRIEVAL_TABLE, dt.date.fromisoformat(date)) if date else latest_folder(w)
         except ValueError as err:
             raise typer.BadParameter(f"--date {date!r} is not a date like 2026-01-31") from err
+        if skip_without_vectors and (folder is None or not (folder / AD_VECTOR_FILE).exists()):
+            typer.echo("no retrieval vectors for this refresh (not a next-item user model): nothing to index")
+            raise typer.Exit(code=UNCHANGED)
         if folder is None or not folder.exists():
             typer.echo(f"error: no retrieval vectors under {w.offline(RETRIEVAL_TABLE)} (run refresh-embeddings "
                        "with a next-item user model)", err=True)  # fmt: skip

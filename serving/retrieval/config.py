@@ -40,9 +40,14 @@ class RetrievalConfig:
     enabled: bool = False
     folder: str = ""  # a folder with ad_vectors.parquet + user_queries.parquet; "" = the newest refresh's
     reload_seconds: float = 0.0  # look for a newer refresh this often; 0 = load once at start
+    # FAISS (OpenMP) threads per search: one query is too small to split, and spinning OpenMP workers beside the
+    # scoring threads slowed an exact 20k-ad search ~20x on a loaded 2-core machine (bench/retrieval_http.py)
+    search_threads: int = 1
     index: IndexConfig = field(default_factory=IndexConfig)
 
     def validate(self) -> None:
         self.index.validate()
+        if self.search_threads < 1:
+            raise ValueError(f"retrieval.search_threads must be >= 1, got {self.search_threads}")
         if self.reload_seconds < 0:
             raise ValueError(f"retrieval.reload_seconds must be >= 0, got {self.reload_seconds}")

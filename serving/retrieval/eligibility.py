@@ -61,3 +61,51 @@ class AdEligibility:
             excluded = np.asarray(flt.exclude_advertisers, np.int64)
             allowed = allowed & ~np.isin(self.advertiser, excluded)
         return allowed
+
+
+class OfflineEligibility:
+    """Eligibility from the source tables' newest offline partitions: ``ad_serving`` (paused, surfaces: written by
+    ingest from the ads source) and ``ad_attributes`` (advertiser). An ad neither table knows is live on every
+    surface. ``key`` changes when either newest partition does: the server re-reads them then, the index stays."""
+
+    TABLES = ("ad_serving", "ad_attributes")
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    def _newest(self, table: str):
+        from features.feature_repo.offline import partition_days, partition_files
+
+        days = partition_days(self.ws, "offline", table)
+        return partition_files(self.ws.offline(table, days[-1])) if days else []
+
+    def key(self) -> str:
+        files = [f for t in self.TABLES for f in self._newest(t)]
+        return ";".join(f"{f}@{f.stat().st_mtime_ns}" for f in files)
+
+    def build(self, ad_ids: np.ndarray) -> AdEligibility:
+        import pyarrow.parquet as pq
+
+        elig = AdEligibility.everything(len(ad_ids))
+        columns = {"ad_serving": ("ad_paused", "ad_surfaces"), "ad_attributes": ("ad_advertiser_id",)}
+        for table, names in columns.items():
+            files = self._newest(table)
+            if not files:
+                continue
+            data = [pq.read_table(f, columns=["ad_id", *names]) for f in files]
+            ids = np.concatenate([t.column("ad_id").to_numpy() for t in data]).astype(np.int64)
+            order = np.argsort(ids, kind="stable")
+            at = np.minimum(np.searchsorted(ids, ad_ids, sorter=order), max(len(ids) - 1, 0))
+            found = (ids[order[at]] == ad_ids) if len(ids) else np.zeros(len(ad_ids), bool)
+            rows = order[at][found]
+            for name in names:
+                values = np.concatenate([t.column(name).to_numpy(zero_copy_only=False) for t in data])[rows]
+                if name == "ad_paused":
+                    elig.paused[found] = values.astype(bool)
+                elif name == "ad_surfaces":
+                    elig.surfaces[found] = values.astype(np.int64)
+                else:
+                    elig.advertiser[found] = values.astype(np.int64)
+        return AdEligibility(
+            elig.paused, elig.surfaces, elig.advertiser
+        )  # per-surface masks of the new values

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -63,29 +64,37 @@ class Retrieved:
 
 
 class AdIndex:
-    """One built, immutable index: its ads, their eligibility, the version they came from."""
+    """One built, immutable index: its ads, their eligibility, the version they came from.
 
-    def __init__(self, vecs: AdVectors, cfg: IndexConfig, eligibility: AdEligibility | None = None):
+    Built here (``build_index``) or memory-mapped from the file ``gemflow retrieval-index`` wrote
+    (``serving.retrieval.index_files.load_index``): ``ann`` is the searched index, ``flat`` the exact one."""
+
+    def __init__(self, ann, flat, ad_ids: np.ndarray, model_version: str, kind: str, cfg: IndexConfig,
+                 eligibility: AdEligibility | None = None, build_seconds: float = 0.0, path: str = ""):  # fmt: skip
         cfg.validate()
-        self.cfg = cfg
-        self.ad_ids = vecs.ad_ids
-        self.model_version = vecs.model_version
-        self.dim = vecs.dim
-        self.eligibility = eligibility or AdEligibility.everything(len(vecs.ad_ids))
+        self.ann, self.flat, self.kind, self.cfg = ann, flat, kind, cfg
+        self.ad_ids, self.model_version, self.dim = ad_ids, model_version, flat.d
+        self.build_seconds = build_seconds
+        self.path = path  # the index directory it was mapped from ("" = built in this process)
+        self.load_seconds = 0.0  # mapping it (``index_files.load_index``)
+        self.eligibility = eligibility or AdEligibility.everything(len(ad_ids))
         if len(self.eligibility) != len(self.ad_ids):
             raise ValueError(f"eligibility for {len(self.eligibility)} ads, index of {len(self.ad_ids)}")
-        start = time.perf_counter()
-        x = np.ascontiguousarray(vecs.vectors, np.float32)
-        self.kind = cfg.resolved_kind(len(x))
-        self.ann, self.flat = _build(x, cfg, self.kind)
-        self.build_seconds = time.perf_counter() - start
+
+    def with_eligibility(self, eligibility: AdEligibility) -> AdIndex:
+        """The same index structures (shared, not copied) under another eligibility: a new ad table."""
+        return AdIndex(self.ann, self.flat, self.ad_ids, self.model_version, self.kind, self.cfg, eligibility,
+                       self.build_seconds, self.path)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.ad_ids)
 
     @property
     def nbytes(self) -> int:
-        """Serialized size of the index structures (vectors + graph / lists), what it holds in memory."""
+        """Serialized size of the index structures (vectors + graph / lists), what it holds in memory (mapped from
+        its files: their size, shared by every process that maps them)."""
+        if self.path:
+            return sum(f.stat().st_size for f in Path(self.path).iterdir())
         total = faiss.serialize_index(self.ann).nbytes
         if self.flat is not self.ann and self.kind == "ivf":
             total += faiss.serialize_index(self.flat).nbytes
@@ -199,5 +208,15 @@ def _build(x: np.ndarray, cfg: IndexConfig, kind: str):
     return ann, flat
 
 
-def build_index(vecs: AdVectors, cfg: IndexConfig | None = None, eligibility: AdEligibility | None = None):
-    return AdIndex(vecs, cfg or IndexConfig(), eligibility)
+def build_index(
+    vecs: AdVectors, cfg: IndexConfig | None = None, eligibility: AdEligibility | None = None
+) -> AdIndex:
+    cfg = cfg or IndexConfig()
+    cfg.validate()
+    start = time.perf_counter()
+    x = np.ascontiguousarray(vecs.vectors, np.float32)
+    kind = cfg.resolved_kind(len(x))
+    ann, flat = _build(x, cfg, kind)
+    return AdIndex(
+        ann, flat, vecs.ad_ids, vecs.model_version, kind, cfg, eligibility, time.perf_counter() - start
+    )

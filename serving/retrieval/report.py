@@ -1,10 +1,12 @@
 """What an index built from one refresh costs and how well it recalls: ``gemflow retrieval-index``.
 
-Builds the index a server would build from a refresh folder (``serving.retrieval.service.build_snapshot``, the same
-config), then searches a held-out sample of that refresh's own user queries with it and with the exact index,
-one query at a time on one thread: recall@K of the index against exact, per-query p50 / p99, build seconds and
-bytes. The report is written beside the vectors (``index_report.json``) and, when tracking is on, logged as an
-MLflow run of the ``gemflow-retrieval`` experiment tagged with the user-model version.
+Builds the index from a refresh folder's ad vectors and writes it beside them (``index_files.save_index``: the
+file every server process of the node maps instead of building its own), maps it as a server does
+(``serving.retrieval.service.build_snapshot``, the same config), then searches a held-out sample of that
+refresh's own user queries with it and with the exact index, one query at a time on one thread: recall@K of the
+index against exact, per-query p50 / p99, build seconds and bytes. The report is written beside the vectors
+(``index_report.json``) and, when tracking is on, logged as an MLflow run of the ``gemflow-retrieval``
+experiment tagged with the user-model version.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from models.embeddings.ad_vectors import AD_VECTOR_FILE, read_ad_vectors
 from serving.retrieval.config import IndexConfig
+from serving.retrieval.index import build_index
+from serving.retrieval.index_files import save_index
 from serving.retrieval.service import build_snapshot
 
 REPORT_FILE = "index_report.json"
@@ -25,6 +30,9 @@ EXPERIMENT = "gemflow-retrieval"
 
 
 def index_report(folder: Path, cfg: IndexConfig, k: int = 1000, sample: int = 200, seed: int = 0) -> dict:
+    built = build_index(read_ad_vectors(folder, AD_VECTOR_FILE), cfg)
+    path = save_index(built, folder)
+    del built  # measured as the servers will use it: mapped from the file just written
     snap = build_snapshot(folder, cfg)
     index = snap.index
     users = snap.queries.ad_ids
@@ -53,6 +61,8 @@ def index_report(folder: Path, cfg: IndexConfig, k: int = 1000, sample: int = 20
         "users": int(len(users)),
         "dim": index.dim,
         "build_seconds": round(index.build_seconds, 3),
+        "index_path": str(path),
+        "load_seconds": round(index.load_seconds, 4),
         "index_bytes": index.nbytes,
         "k": k,
         "sampled_users": int(len(pick)),

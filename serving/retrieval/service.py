@@ -14,6 +14,7 @@ A user without a query of this version (not refreshed yet) is retrieved for by t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -32,8 +33,9 @@ from models.embeddings.ad_vectors import (
     read_ad_vectors,
 )
 from serving.retrieval.config import IndexConfig, RetrievalConfig
-from serving.retrieval.eligibility import AdEligibility, AdFilter
-from serving.retrieval.index import AdIndex, Retrieved
+from serving.retrieval.eligibility import AdFilter, OfflineEligibility
+from serving.retrieval.index import AdIndex, Retrieved, build_index
+from serving.retrieval.index_files import current_index, index_meta, load_index
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +48,54 @@ class RetrievalUnavailable(RuntimeError):
 class Snapshot:
     index: AdIndex
     queries: UserQueries
-    source: str  # the folder it was built from
+    source: str  # what it was built from: the refresh folder, and the index build it mapped (``source_key``)
     cold_query: np.ndarray  # the mean user query: what a user without one retrieves with
+    eligibility_key: str = ""  # the eligibility tables it read (``OfflineEligibility.key``)
 
     @property
     def version(self) -> str:
         return self.index.model_version
 
 
-def build_snapshot(folder: Path, cfg: IndexConfig, advertiser_of: dict[int, int] | None = None) -> Snapshot:
-    """Index + queries of one refresh folder; their versions must agree (one refresh writes both)."""
-    ads = read_ad_vectors(folder, AD_VECTOR_FILE)
+def source_key(folder: Path) -> str:
+    """The refresh folder and its current index build: a new build of the same folder is a new source."""
+    built = current_index(folder)
+    return f"{folder}#{built.name if built else 'built-here'}"
+
+
+def build_snapshot(folder: Path, cfg: IndexConfig, eligibility: OfflineEligibility | None = None) -> Snapshot:
+    """Index + queries of one refresh folder; their versions must agree (one refresh writes both). The index is
+    the folder's current build, memory-mapped, when one of the configured kind is there; else built here."""
+    key = source_key(folder)
     queries = read_ad_vectors(folder, USER_QUERY_FILE)
-    if queries.model_version != ads.model_version:
+    built = current_index(folder)
+    meta = index_meta(built) if built else None
+    usable = meta is not None and meta["model_version"] == queries.model_version
+    if usable and meta["kind"] == cfg.resolved_kind(meta["ads"]):
+        index = load_index(built, cfg)
+        log.info("retrieval: mapped the %s index %s in %.3f s", index.kind, built, index.load_seconds)
+    else:
+        if meta is not None:  # another kind, or a build from before the vectors were rewritten
+            log.warning("retrieval: %s (a %s index of %s) does not fit this server (%s, %s): building its own",
+                        built, meta["kind"], meta["model_version"], cfg.kind, queries.model_version)  # fmt: skip
+        else:
+            log.warning("retrieval: no index file under %s (gemflow retrieval-index writes one): building it "
+                        "in this process", folder)  # fmt: skip
+        index = build_index(read_ad_vectors(folder, AD_VECTOR_FILE), cfg)
+    if queries.model_version != index.model_version:
         raise ValueError(
-            f"{folder}: user queries of {queries.model_version!r} beside ad vectors of {ads.model_version!r}"
+            f"{folder}: user queries of {queries.model_version!r} beside ad vectors of {index.model_version!r}"
         )
-    eligibility = AdEligibility.everything(len(ads.ad_ids))
-    if advertiser_of:
-        eligibility.advertiser[:] = [advertiser_of.get(int(a), -1) for a in ads.ad_ids]
-    cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(ads.dim, np.float32)
-    return Snapshot(AdIndex(ads, cfg, eligibility), queries, str(folder), cold.astype(np.float32))
+    cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(index.dim, np.float32)
+    snap = Snapshot(index, queries, key, cold.astype(np.float32))
+    return with_eligibility(snap, eligibility) if eligibility is not None else snap
+
+
+def with_eligibility(snap: Snapshot, eligibility: OfflineEligibility) -> Snapshot:
+    """The snapshot's index and queries (shared) under the eligibility tables as they are now."""
+    key = eligibility.key()
+    index = snap.index.with_eligibility(eligibility.build(np.asarray(snap.index.ad_ids)))
+    return dataclasses.replace(snap, index=index, eligibility_key=key)
 
 
 def latest_folder(ws: Workspace) -> Path | None:
@@ -76,10 +105,10 @@ def latest_folder(ws: Workspace) -> Path | None:
 
 
 class RetrievalService:
-    def __init__(self, cfg: RetrievalConfig, ws: Workspace, advertiser_of=None):
+    def __init__(self, cfg: RetrievalConfig, ws: Workspace, eligibility: OfflineEligibility | None = None):
         cfg.validate()
         self.cfg, self.ws = cfg, ws
-        self.advertiser_of = advertiser_of  # () -> {ad_id: advertiser_id}, read at each build
+        self.eligibility = eligibility  # paused ads, surfaces, advertisers; None: every ad everywhere
         self._current: Snapshot | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,13 +134,19 @@ class RetrievalService:
         if folder is None:
             log.warning("retrieval: no refresh has written %s yet", RETRIEVAL_TABLE)
             return False
-        if self._current is not None and self._current.source == str(folder):
-            return False
-        advertisers = self.advertiser_of() if self.advertiser_of else None
-        self.swap(build_snapshot(folder, self.cfg.index, advertisers))
+        current = self._current
+        if current is not None and current.source == source_key(folder):
+            if self.eligibility is None or current.eligibility_key == self.eligibility.key():
+                return False
+            self.swap(with_eligibility(current, self.eligibility))  # the ad tables changed: same index
+            return True
+        self.swap(build_snapshot(folder, self.cfg.index, self.eligibility))
         return True
 
     def start(self) -> None:
+        import faiss
+
+        faiss.omp_set_num_threads(self.cfg.search_threads)
         self.load()
         if self.cfg.reload_seconds > 0:
             self._thread = threading.Thread(target=self._reload_loop, name="retrieval-reload", daemon=True)
@@ -138,17 +173,6 @@ class RetrievalService:
         hits = snap.index.search(snap.cold_query if cold else query, snap.queries.model_version, k, flt)
         log.debug("retrieved %d ads in %.2f ms", len(hits.ad_ids), 1e3 * (time.perf_counter() - t0))
         return hits, cold
-
-
-def offline_advertisers(ws: Workspace) -> dict[int, int]:
-    """ad_id -> advertiser_id from the newest ``ad_attributes`` partition ({} when there is none)."""
-    from features.feature_repo.offline import read_partition
-
-    days = partition_days(ws, "offline", "ad_attributes")
-    if not days:
-        return {}
-    table = read_partition(ws.offline("ad_attributes", days[-1]), ["ad_id", "ad_advertiser_id"])
-    return dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
 
 
 def retrieval_block(hits: Retrieved, cold: bool, ms: float) -> dict:

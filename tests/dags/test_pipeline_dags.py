@@ -92,6 +92,12 @@ def test_pipeline_dags_wiring(tmp_path):
             refresh["outlets"] == ["gemflow.embeddings"] and "--skip-without-champion" in refresh["command"]
         )
 
+        # then the retrieval index the servers map, from the vectors that refresh wrote (same day)
+        index = ref["tasks"]["build_retrieval_index"]
+        assert index["upstream"] == ["refresh_embeddings"] and index["operator"] == operator
+        assert index["command"][0] == "retrieval-index" and "--skip-without-vectors" in index["command"]
+        assert any("e.extra.get('day')" in c for c in index["command"]) and index["outlets"] == []
+        assert set(ref["tasks"]) == {"refresh_embeddings", "build_retrieval_index"}
         # the run acts on what its event names: the run folder (register), the version (refresh, deploy)
         assert any("e.extra.get('run_dir')" in c for c in gate["command"])
         assert any("e.extra.get('model_uri')" in c for c in refresh["command"])
@@ -221,8 +227,9 @@ def _check(ws: Workspace, rankers: dict[str, Path], results: dict) -> None:
     skipped, refreshed, good, stale = results["runs"]
     # only the refresh that ran published EMBEDDINGS; the skipped one (no champion yet) published nothing
     assert results["published"] == ["gemflow.embeddings"], results["published"]
-    assert skipped == {"state": "success", "tasks": {"refresh_embeddings": "skipped"}}
-    assert refreshed == {"state": "success", "tasks": {"refresh_embeddings": "success"}}
+    # nothing refreshed, nothing to index; the click-objective user model writes no retrieval vectors: skipped
+    assert skipped == {"state": "success", "tasks": {"refresh_embeddings": "skipped", "build_retrieval_index": "skipped"}}
+    assert refreshed == {"state": "success", "tasks": {"refresh_embeddings": "success", "build_retrieval_index": "skipped"}}
     summary = json.loads(next(ws.reports(DAYS[-1]).glob("user_embedding/refresh_summary.json")).read_text())
     assert summary["model_version"] == "local/u1" and summary["online"] == "pushed"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from gemflow.cli import app
 from gemflow.workspace import Workspace
 from models.embeddings.ad_vectors import RETRIEVAL_TABLE
+from serving.retrieval.index_files import current_index
 from serving.retrieval.report import EXPERIMENT, REPORT_FILE
 from tests.serving.retrieval.test_service import ADS, write_refresh
 
@@ -37,6 +39,8 @@ def test_the_newest_refresh_is_measured_and_tracked(ws):
     assert 0.9 <= report["recall_at_50"] <= 1.0 and report["index_bytes"] > ADS * 8 * 4
     written = json.loads((ws.offline(RETRIEVAL_TABLE, dt.date(2026, 3, 2)) / REPORT_FILE).read_text())
     assert written["recall_at_50"] == report["recall_at_50"]
+    # the build is on disk for the servers to map, and it is the one measured
+    assert current_index(ws.offline(RETRIEVAL_TABLE, dt.date(2026, 3, 2))) == Path(report["index_path"])
 
     import mlflow
 
@@ -58,3 +62,12 @@ def test_a_given_day_and_a_missing_one(ws):
     assert '"kind": "exact"' in result.output and '"recall_at_20": 1.0' in result.output  # auto: 400 ads
     missing = runner.invoke(app, [*base, "--date", "2026-02-01"])
     assert missing.exit_code == 2 and "no retrieval vectors under" in missing.output
+
+
+def test_a_refresh_without_vectors_is_skipped_for_the_dag(tmp_path):
+    """A click-objective user model's refresh writes no vectors: the DAG's index task is skipped (exit 4)."""
+    ws = Workspace(tmp_path / "ws")
+    args = ["retrieval-index", "--workspace", str(ws.root), "--no-track", "--skip-without-vectors"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 4 and "nothing to index" in result.output
+    assert runner.invoke(app, args[:-1]).exit_code == 2  # without the flag: an error, as before
