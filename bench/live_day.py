@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pandas as pd  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from bench.events import wait_collector  # noqa: E402
@@ -118,21 +119,29 @@ def main() -> None:
     print(f"\n== 2. {live_day} live at {cfg.rate:.0f} events/s; each {cfg.lag_s:g} s after its batch, an "
           f"impression's user ranked ({cfg.candidates} candidates, every request's features logged); "
           f"{os.cpu_count()} CPUs ({cpu_model()}), load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
-    replay, streamed = live(ws, epoch, live_day, cfg, args.port)
-    print(f"   streamed {streamed}; ranked {len(replay.ranked)} impressions "
-          f"({(replay.ranked['reasons'] != '').sum()} degraded)", flush=True)  # fmt: skip
-    replay.ranked.to_parquet(ws / "live_ranked.parquet")
+    if (ws / "live_ranked.parquet").exists():  # a run that stopped after the live day: its figures stand
+        ranked, streamed = pd.read_parquet(ws / "live_ranked.parquet"), json.loads((ws / "streamed.json").read_text())
+        print("   (the live day of an earlier run, kept in the workspace)")
+    else:
+        replay, streamed = live(ws, epoch, live_day, cfg, args.port)
+        ranked = replay.ranked
+        ranked.to_parquet(ws / "live_ranked.parquet")
+        (ws / "streamed.json").write_text(json.dumps(streamed))
+    print(f"   streamed {streamed}; ranked {len(ranked)} impressions "
+          f"({(ranked['reasons'] != '').sum()} degraded)", flush=True)  # fmt: skip
 
     print(f"\n== 3. {live_day} ingested from the collector's export; training set through it; skew-check")
-    gemflow(ws, "ingest", "--date", str(live_day), log=ws / "stages.log")
-    gemflow(ws, "build-training-set", "--name", "live-day", "--end", str(live_day), log=ws / "stages.log")
+    if not (ws / "offline" / "events" / f"date={live_day}").exists():
+        gemflow(ws, "ingest", "--date", str(live_day), log=ws / "stages.log")
+    if not (ws / "training" / "live-day").exists():
+        gemflow(ws, "build-training-set", "--name", "live-day", "--end", str(live_day), log=ws / "stages.log")
     out = gemflow(ws, "skew-check", "--training-set", "live-day", "--dates", str(live_day),
                   "--json", str(ws / "skew.json"), log=ws / "stages.log")  # fmt: skip
     print(out.stdout)
     skew = json.loads((ws / "skew.json").read_text())
 
-    print(f"== 4. the promoted ranker on the {len(replay.ranked)} ranked impressions of {live_day}")
-    quality = served_vs_trained(replay.ranked, ws / "models/ranker/ranker", ws / "training/live-day")
+    print(f"== 4. the promoted ranker on the {len(ranked)} ranked impressions of {live_day}")
+    quality = served_vs_trained(ranked, ws / "models/ranker/ranker", ws / "training/live-day")
     print(format_quality(quality))
     report = {"live_day": str(live_day), "replay": vars(cfg), "streamed": streamed, "skew": skew,
               "quality": quality, "seconds": round(time.monotonic() - started), "cpu": cpu_model(),

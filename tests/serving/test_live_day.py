@@ -16,6 +16,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -56,7 +57,9 @@ def test_a_live_days_served_features_and_scores_equal_the_training_builders(tmp_
         folder = ws.raw(table, LIVE_DAY)
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(to_arrow(table, frame), folder / "part-00000.parquet")
-    day = to_arrow("events", events_frame(LIVE_DAY, n=120))
+    events = events_frame(LIVE_DAY, n=120)
+    events["ts"] += pd.Timedelta(microseconds=123_457)  # request times with a fraction, as an ad server's are
+    day = to_arrow("events", events)
 
     server_settings = ("feature_log.sample_rate=1.0", "limits.request_ts_max_age_days=3650")
     with (
