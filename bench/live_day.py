@@ -54,7 +54,9 @@ def gemflow(ws: Path, *args: str, log: Path | None = None, check: bool = True) -
     if log is not None:
         with open(log, "a") as f:
             f.write(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}\n")
-    print(f"  gemflow {' '.join(args)}  ({time.monotonic() - started:.0f} s, exit {out.returncode})", flush=True)
+    print(
+        f"  gemflow {' '.join(args)}  ({time.monotonic() - started:.0f} s, exit {out.returncode})", flush=True
+    )
     if check and out.returncode != 0:
         raise SystemExit(f"gemflow {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return out
@@ -92,19 +94,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workspace", type=Path, required=True, help="the demo workspace (built if absent)")
     ap.add_argument("--live-day", default="", help="the day streamed live (default: yesterday, UTC)")
-    ap.add_argument("--prepare-only", action="store_true", help="stop once the demo pipeline has promoted a ranker")
+    ap.add_argument(
+        "--prepare-only", action="store_true", help="stop once the demo pipeline has promoted a ranker"
+    )
     ap.add_argument("--rate", type=float, default=400.0, help="events/s streamed to the collector")
     ap.add_argument("--rank-rate", type=float, default=20.0, help="ranked impressions/s (every k-th one)")
     ap.add_argument("--candidates", type=int, default=100, help="candidates per ranking request")
-    ap.add_argument("--lag", type=float, default=1.0, help="wall seconds from an impression's batch to its ranking")
-    ap.add_argument("--list-events", type=int, default=0,
-                    help="the collector's online list length (default: the platform's, features.schema.RECENT_EVENTS)")
+    ap.add_argument(
+        "--lag", type=float, default=1.0, help="wall seconds from an impression's batch to its ranking"
+    )
+    ap.add_argument(
+        "--list-events",
+        type=int,
+        default=0,
+        help="the collector's online list length (default: the platform's, features.schema.RECENT_EVENTS)",
+    )
     ap.add_argument("--port", type=int, default=18480, help="ranker port (the collector takes port + 10)")
     ap.add_argument("--json", type=Path, default=None, help="the report (default <workspace>/live_day.json)")
     add_record_flag(ap)
     args = ap.parse_args()
     live_day = (
-        dt.date.fromisoformat(args.live_day) if args.live_day else dt.datetime.now(dt.UTC).date() - dt.timedelta(1)
+        dt.date.fromisoformat(args.live_day)
+        if args.live_day
+        else dt.datetime.now(dt.UTC).date() - dt.timedelta(1)
     )
     epoch = live_day - dt.timedelta(days=DEMO_DAYS)
     ws = args.workspace.resolve()
@@ -122,7 +134,10 @@ def main() -> None:
           f"impression's user ranked ({cfg.candidates} candidates, every request's features logged); "
           f"{os.cpu_count()} CPUs ({cpu_model()}), load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     if (ws / "live_ranked.parquet").exists():  # a run that stopped after the live day: its figures stand
-        ranked, streamed = pd.read_parquet(ws / "live_ranked.parquet"), json.loads((ws / "streamed.json").read_text())
+        ranked, streamed = (
+            pd.read_parquet(ws / "live_ranked.parquet"),
+            json.loads((ws / "streamed.json").read_text()),
+        )
         print("   (the live day of an earlier run, kept in the workspace)")
     else:
         replay, streamed = live(ws, epoch, live_day, cfg, args.port, args.list_events)
@@ -185,7 +200,9 @@ def live(ws: Path, epoch: dt.date, day: dt.date, cfg, port: int, list_events: in
         deadline = time.monotonic() + 120
         while exported(ws, day) < streamed["accepted"] + streamed["duplicates"]:
             if time.monotonic() > deadline:
-                raise SystemExit(f"the collector exported {exported(ws, day)} of {streamed['accepted']} events")
+                raise SystemExit(
+                    f"the collector exported {exported(ws, day)} of {streamed['accepted']} events"
+                )
             time.sleep(1)
     finally:
         for proc in (collector, ranker):  # TERM: the ranker writes its buffered feature log on the way out
@@ -196,7 +213,9 @@ def live(ws: Path, epoch: dt.date, day: dt.date, cfg, port: int, list_events: in
 
 def spawn(ws: Path, log: Path, *args: str) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen([*GEMFLOW, *args, "-w", str(ws)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [*GEMFLOW, *args, "-w", str(ws)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def exported(ws: Path, day: dt.date) -> int:

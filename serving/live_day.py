@@ -32,7 +32,7 @@ MODEL = "gem-ranker"
 @dataclass
 class ReplayConfig:
     rate: float = 400.0  # events/s into the collector
-    rank_rate: float = 20.0  # ranking requests/s the replay aims at (every k-th impression, k from the day's mix)
+    rank_rate: float = 20.0  # ranking requests/s aimed at (every k-th impression, k from the day's mix)
     candidates: int = 100  # per request: the impression's ad and others from the ads snapshot
     lag_s: float = 1.0  # wall seconds between an impression's batch being sent and its ranking request
     seed: int = 0
@@ -41,7 +41,7 @@ class ReplayConfig:
 @dataclass
 class Replay:
     streamed: dict  # stream_events' counts
-    ranked: pd.DataFrame  # one row per ranked impression (event_id, user_id, ad_id, ts_us, click, p_click, ...)
+    ranked: pd.DataFrame  # one row per ranked impression (event_id, user_id, ad_id, click, p_click, ...)
 
 
 def ranked_impressions(events: pa.Table, rank_rate: float, rate: float) -> np.ndarray:
@@ -90,11 +90,17 @@ def replay_day(
                     raise RuntimeError(f"the event stream stopped before event {pos}: {failed}")
                 time.sleep(0.005)
             ad = int(cols["ad_id"][pos])
-            others = rng.choice(ad_ids[ad_ids != ad], size=min(cfg.candidates - 1, len(ad_ids) - 1), replace=False)
+            others = rng.choice(
+                ad_ids[ad_ids != ad], size=min(cfg.candidates - 1, len(ad_ids) - 1), replace=False
+            )
             request_ts = ts_us[pos] / 1e6
             context = {"surface": str(cols["surface"][pos]), "hour": int(ts_us[pos] // 3_600_000_000 % 24),
                        "request_ts": request_ts}  # fmt: skip
-            body = {"user_id": int(cols["user_id"][pos]), "candidates": [ad, *others.tolist()], "context": context}
+            body = {
+                "user_id": int(cols["user_id"][pos]),
+                "candidates": [ad, *others.tolist()],
+                "context": context,
+            }
             asked = time.monotonic()
             r = client.post(f"/v1/models/{MODEL}:predict", json=body)
             if r.status_code != 200:
@@ -145,6 +151,9 @@ def served_vs_trained(ranked: pd.DataFrame, run_dir, training_set) -> dict:
         "clicks": int(labels.sum()),
         "trained_features": binary_metrics(labels, trained),
         "served": binary_metrics(labels, served),
-        "score_abs_diff": {"max": float(diff.max()), "p99": float(np.percentile(diff, 99)),
-                           "over_1e-4": int((diff > 1e-4).sum())},  # fmt: skip
+        "score_abs_diff": {
+            "max": float(diff.max()),
+            "p99": float(np.percentile(diff, 99)),
+            "over_1e-4": int((diff > 1e-4).sum()),
+        },
     }

@@ -99,7 +99,9 @@ def skew_check(ws: Workspace, training_set: Path, days: list[dt.date] | None = N
     served = read_served(ws, days)
     data = TrainingSet(Path(training_set), vocabularies={})  # raw ids, as the stores and the log hold them
     user_ids = served["user_id"].to_numpy(np.int64)
-    trained = pd.concat([_training_events(data, user_ids, served), _training_profile(ws, data, served)], axis=1)
+    trained = pd.concat(
+        [_training_events(data, user_ids, served), _training_profile(ws, data, served)], axis=1
+    )
     features = {}
     for name in (*EVENT_FIELDS, *PROFILE_FIELDS, "embedding_version"):
         pairs = zip(served[name], trained[name], strict=True)
@@ -123,7 +125,9 @@ def cut_short(served: pd.DataFrame, trained: pd.DataFrame) -> int:
     count = 0
     for i in range(len(served)):
         n, full = len(served["recent_ts"].iat[i]), len(trained["recent_ts"].iat[i])
-        if n < full and all(_normal(served[f].iat[i]) == _normal(trained[f].iat[i][full - n :]) for f in EVENT_FIELDS):
+        if n < full and all(
+            _normal(served[f].iat[i]) == _normal(trained[f].iat[i][full - n :]) for f in EVENT_FIELDS
+        ):
             count += 1
     return count
 
@@ -134,5 +138,7 @@ def format_report(report: dict) -> str:
              f"{'feature':<24} {'mismatches':>10} {'rate':>9}"]  # fmt: skip
     for name, f in report["features"].items():
         lines.append(f"{name:<24} {f['mismatches']:>10} {f['rate']:>9.4%}")
-    lines.append(f"event rows cut short (served = the newest part of training's window): {report['events_cut_short']}")
+    lines.append(
+        f"event rows cut short (served = the newest part of training's window): {report['events_cut_short']}"
+    )
     return "\n".join(lines)

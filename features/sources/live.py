@@ -74,7 +74,9 @@ def stream_events(
                     reason = "503"
                 totals["retries"] += 1
                 if attempt == retries:
-                    raise RuntimeError(f"the collector at {url} refused a batch {retries + 1} times ({reason})")
+                    raise RuntimeError(
+                        f"the collector at {url} refused a batch {retries + 1} times ({reason})"
+                    )
                 time.sleep(min(2.0, 0.1 * 2**attempt))
             if on_batch is not None:
                 on_batch(lo + len(body["events"]), sent, time.monotonic())

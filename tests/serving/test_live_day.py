@@ -53,7 +53,8 @@ def test_a_live_days_served_features_and_scores_equal_the_training_builders(tmp_
                  "ranker.d_model": 16, "ranker.num_heads": 2, "ranker.recent_events": RECENT,
                  "ranker.use_user_tokens": False, "tracking.enabled": False}  # fmt: skip
     run_dir = train(load_config(TrainRunConfig, None, overrides), ws).run_dir
-    for table, frame in (("users", users_frame(LIVE_DAY)), ("ads", ads_frame(LIVE_DAY))):  # what a lander does
+    # the live day's users and ads snapshots land first, as a lander's do
+    for table, frame in (("users", users_frame(LIVE_DAY)), ("ads", ads_frame(LIVE_DAY))):
         folder = ws.raw(table, LIVE_DAY)
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(to_arrow(table, frame), folder / "part-00000.parquet")
