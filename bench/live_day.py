@@ -81,7 +81,6 @@ def prepare(ws: Path, epoch: dt.date, live_day: dt.date, log: Path) -> None:
     if not (ws / "models" / "ranker" / "ranker").exists():
         gemflow(ws, "refresh-embeddings", "--model-uri", "models:/gem-user-model@champion", "--date", str(last),
                 log=log)  # fmt: skip
-    if not (ws / "models" / "ranker" / "ranker").exists():
         gemflow(ws, "backfill-embeddings", "--through", str(last), log=log)
         gemflow(ws, "build-training-set", "--name", "ranker", "--end", str(last), log=log)
         gemflow(ws, "train", "--model", "ranker", "--training-set", "ranker", "-c", "configs/embedded-ranker.yaml",
