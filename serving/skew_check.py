@@ -71,7 +71,8 @@ def _training_profile(ws: Workspace, data: TrainingSet, served: pd.DataFrame) ->
     keys = pd.DataFrame({
         "user_id": served["user_id"].to_numpy(np.int64),
         "ad_id": np.full(len(served), -1, np.int64),  # no candidate: the user side only
-        EVENT_TS: pd.to_datetime(served["request_ts"].to_numpy(), unit="s", utc=True),
+        # whole microseconds (the stores' unit): a float request time carries sub-µs noise Feast refuses to cast
+        EVENT_TS: pd.to_datetime(np.round(served["request_ts"].to_numpy() * 1e6).astype(np.int64), unit="us", utc=True),
     })  # fmt: skip
     joined = join_features(ws, keys, cfg)[0].to_pandas()
     out = pd.DataFrame(index=served.index)
@@ -98,7 +99,9 @@ def skew_check(ws: Workspace, training_set: Path, days: list[dt.date] | None = N
     served = read_served(ws, days)
     data = TrainingSet(Path(training_set), vocabularies={})  # raw ids, as the stores and the log hold them
     user_ids = served["user_id"].to_numpy(np.int64)
-    trained = pd.concat([_training_events(data, user_ids, served), _training_profile(ws, data, served)], axis=1)
+    trained = pd.concat(
+        [_training_events(data, user_ids, served), _training_profile(ws, data, served)], axis=1
+    )
     features = {}
     for name in (*EVENT_FIELDS, *PROFILE_FIELDS, "embedding_version"):
         pairs = zip(served[name], trained[name], strict=True)
@@ -106,11 +109,27 @@ def skew_check(ws: Workspace, training_set: Path, days: list[dt.date] | None = N
         features[name] = {"mismatches": int(differs.sum()), "rate": round(float(differs.mean()), 6)}
     return {
         "rows": len(served),
+        "events_cut_short": cut_short(served, trained),
         "days": sorted({dt.date.fromordinal(int(d)).isoformat() for d in served["day"]}),
         "training_set": str(training_set),
         "fresh_delay_s": sorted({int(v) for v in served["fresh_delay_s"]}),
         "features": features,
     }
+
+
+def cut_short(served: pd.DataFrame, trained: pd.DataFrame) -> int:
+    """Rows whose served events are exactly the newest part of training's, fewer: the online list was full of
+    events newer than the cutoff (the delay window) and had dropped the oldest of the window. Not a lost event:
+    a list no longer than the ranker's window; a list with room for the user's events of the delay window
+    (``recent_events`` of the store > ``ranker.recent_events``) serves the whole window."""
+    count = 0
+    for i in range(len(served)):
+        n, full = len(served["recent_ts"].iat[i]), len(trained["recent_ts"].iat[i])
+        if n < full and all(
+            _normal(served[f].iat[i]) == _normal(trained[f].iat[i][full - n :]) for f in EVENT_FIELDS
+        ):
+            count += 1
+    return count
 
 
 def format_report(report: dict) -> str:
@@ -119,4 +138,7 @@ def format_report(report: dict) -> str:
              f"{'feature':<24} {'mismatches':>10} {'rate':>9}"]  # fmt: skip
     for name, f in report["features"].items():
         lines.append(f"{name:<24} {f['mismatches']:>10} {f['rate']:>9.4%}")
+    lines.append(
+        f"event rows cut short (served = the newest part of training's window): {report['events_cut_short']}"
+    )
     return "\n".join(lines)

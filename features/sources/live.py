@@ -31,9 +31,17 @@ def event_json(table: pa.Table) -> list[dict]:
 
 
 def stream_events(
-    table: pa.Table, url: str, rate: float, token: str | None = None, retries: int = 30, progress=None
+    table: pa.Table,
+    url: str,
+    rate: float,
+    token: str | None = None,
+    retries: int = 30,
+    progress=None,
+    on_batch=None,
 ) -> dict:
-    """Post ``table``'s events (sorted by ts, event_id) to ``url``/v1/events at ``rate`` events/s."""
+    """Post ``table``'s events (sorted by ts, event_id) to ``url``/v1/events at ``rate`` events/s.
+    ``on_batch(hi, sent, answered)``: called after each batch's answer: events ``[0, hi)`` of the sorted table are
+    answered; ``sent`` / ``answered``: ``time.monotonic()`` of its first POST and of its answer."""
     if rate <= 0:
         raise ValueError(f"--live rate must be positive, got {rate}")
     table = table.sort_by([("ts", "ascending"), ("event_id", "ascending")])
@@ -48,6 +56,7 @@ def stream_events(
             if wait > 0:
                 time.sleep(wait)
             body = {"events": events[lo : lo + batch]}
+            sent = time.monotonic()
             for attempt in range(retries + 1):
                 try:
                     r = client.post("/v1/events", json=body)
@@ -65,8 +74,12 @@ def stream_events(
                     reason = "503"
                 totals["retries"] += 1
                 if attempt == retries:
-                    raise RuntimeError(f"the collector at {url} refused a batch {retries + 1} times ({reason})")
+                    raise RuntimeError(
+                        f"the collector at {url} refused a batch {retries + 1} times ({reason})"
+                    )
                 time.sleep(min(2.0, 0.1 * 2**attempt))
+            if on_batch is not None:
+                on_batch(lo + len(body["events"]), sent, time.monotonic())
             if progress is not None and k % POSTS_PER_SECOND == 0:
                 progress(lo + len(body["events"]), len(events))
     wall = time.monotonic() - start
