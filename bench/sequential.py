@@ -55,7 +55,10 @@ MODELS = {
     "sasrec": {"model": "sasrec", "next_item.loss": "bce", **SASREC_OPTIM},
     "sasrec_ce": {"model": "sasrec", "next_item.loss": "full", **SASREC_OPTIM},
     "sasrec_sampled": {
-        "model": "sasrec", "next_item.loss": "sampled", "next_item.num_negatives": "256", **SASREC_OPTIM,
+        "model": "sasrec",
+        "next_item.loss": "sampled",
+        "next_item.num_negatives": "256",
+        **SASREC_OPTIM,
     },  # fmt: skip
     "mean_pooling": {"model": "user", "user_model.pooling": "mean"},
     "gemflow": {"model": "user"},
