@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import add_record_flag, record  # noqa: E402
 from bench.sequential_anchors import anchor_lines  # noqa: E402
 from bench.sequential_profile import step_profile  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
@@ -300,6 +301,29 @@ def markdown(summary: dict, title: str, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def record_speed(summary: dict, title: str) -> None:
+    """``--record``: each trained model's seconds per epoch (train, then the valid evaluation) and its epochs
+    to convergence, into docs/benchmarks.md (quality stays in the model-results doc)."""
+    import os
+
+    rows = []
+    for name, row in summary["table"].items():
+        if not any(row["epoch_cap"]):
+            continue
+        epochs = max(row["epochs"], 1)
+        early = ", ".join("yes" if e else "NO (cap)" for e in row["stopped_early_per_seed"])
+        rows.append((f"{name}: s/epoch train + eval (1 thread)",
+                     f"{row['train_seconds'] / epochs:.1f} + {row['eval_seconds'] / epochs:.1f}"))  # fmt: skip
+        rows.append((f"{name}: epochs run per seed / cap, stopped early",
+                     f"{row['epochs_per_seed']} / {row['epoch_cap'][0]}, {early}"))  # fmt: skip
+    rows.append(("load average at the end (1 min)", f"{os.getloadavg()[0]:.1f}"))
+    record(
+        f"sequential.{title.lower()}",
+        f"next-item training to convergence (bench/sequential.py), {title}",
+        rows,
+    )
+
+
 def write_docs(path: Path, key: str, section: str) -> None:
     """Replace (or append) the section between ``<!-- sequential:key -->`` markers."""
     from gemflow.markdown import write_marked_section
@@ -346,6 +370,7 @@ def main() -> None:
     p.add_argument(
         "--collect", action="store_true", help="train nothing: table the finished runs of the workspace"
     )
+    add_record_flag(p)
     p.add_argument("--profile", action="store_true", help="only time the phases of a training step per model")
     p.add_argument(
         "--baseline-epochs", type=int, default=0, help="epoch cap of the SASRec baselines (0: config's)"
@@ -388,6 +413,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
     section = markdown(out["summary"], title, command)
     print("\n" + section)
+    if args.record:
+        record_speed(out["summary"], title)
     if args.docs:
         image = Path(args.docs).parent / "img" / f"sequential-{title}.png"
         plot(out["summary"], title, image)
