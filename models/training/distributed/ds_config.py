@@ -32,9 +32,12 @@ def deepspeed_config(cfg: TrainRunConfig, world_size: int) -> dict[str, Any]:
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": oc.lr, "betas": [0.9, oc.adam_beta2], "weight_decay": oc.weight_decay,
-                "torch_adam": True, "fused": True,
-            },  # fmt: skip
+                "lr": oc.lr,
+                "betas": [0.9, oc.adam_beta2],
+                "weight_decay": oc.weight_decay,
+                "torch_adam": True,
+                "fused": True,
+            },
         },
         "zero_optimization": {
             "stage": int(dc.zero_stage),  # resolved by the trainer (models.training.distributed.zero)
