@@ -80,7 +80,8 @@ class SASRec(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=1e-8)
         # The reference implementation's init: Xavier-normal for every matrix, the position table included.
         # PyTorch's own N(0, 1) positions are ~10x the scaled item embeddings (sqrt(d) x ~0.013): the items
-        # start drowned in position noise (measured: bench/sequential.py, docs/model-results-sequential.md).
+        # start drowned in position noise (measured with the reference optimizer, together: see the SASRec
+        # convergence section of docs/model-results-sequential.md).
         for param in self.parameters():
             if param.dim() > 1:
                 nn.init.xavier_normal_(param)
