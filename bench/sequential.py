@@ -8,8 +8,9 @@ ranked on the same lists (``next_item.eval_seed``: 99 items the user never touch
 the whole catalog:
 
     popularity        train-positive counts (no training)
-    sasrec            SASRec as published: 2 blocks, d 64, 1 head, max length 50, dropout, learned positions,
-                      binary cross-entropy with one sampled negative per position (the paper's loss)
+    sasrec            SASRec as published: 2 blocks, d 50, 1 head, max length 50, dropout, learned positions,
+                      binary cross-entropy with one sampled negative per position (the paper's loss), the
+                      reference code's optimizer and initialisation
     sasrec_ce         the same network with the full softmax cross-entropy the gemflow model uses
     sasrec_sampled    the same network with sampled softmax over 256 shared negatives (the strongest published
                       full-ranking SASRec figures use this loss)
@@ -40,17 +41,26 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import add_record_flag, record  # noqa: E402
 from bench.sequential_anchors import anchor_lines  # noqa: E402
 from bench.sequential_profile import step_profile  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# SASRec's reference optimizer (pmixer/SASRec.pytorch): Adam lr 1e-3, betas (0.9, 0.98), batch 128, no
+# gradient clipping, no L2; the baselines train with it, not with the user model's settings
+SASREC_OPTIM = {"optim.batch_size": "128", "optim.adam_beta2": "0.98", "optim.grad_clip": "0"}
 MODELS = {
     "popularity": None,
-    "sasrec": {"model": "sasrec", "next_item.loss": "bce"},
-    "sasrec_ce": {"model": "sasrec", "next_item.loss": "full"},
-    "sasrec_sampled": {"model": "sasrec", "next_item.loss": "sampled", "next_item.num_negatives": "256"},
+    "sasrec": {"model": "sasrec", "next_item.loss": "bce", **SASREC_OPTIM},
+    "sasrec_ce": {"model": "sasrec", "next_item.loss": "full", **SASREC_OPTIM},
+    "sasrec_sampled": {
+        "model": "sasrec",
+        "next_item.loss": "sampled",
+        "next_item.num_negatives": "256",
+        **SASREC_OPTIM,
+    },  # fmt: skip
     "mean_pooling": {"model": "user", "user_model.pooling": "mean"},
     "gemflow": {"model": "user"},
     "gemflow_ids_only": {"model": "user", "user_model.item_attributes": "none"},
@@ -291,6 +301,29 @@ def markdown(summary: dict, title: str, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def record_speed(summary: dict, title: str) -> None:
+    """``--record``: each trained model's seconds per epoch (train, then the valid evaluation) and its epochs
+    to convergence, into docs/benchmarks.md (quality stays in the model-results doc)."""
+    import os
+
+    rows = []
+    for name, row in summary["table"].items():
+        if not any(row["epoch_cap"]):
+            continue
+        epochs = max(row["epochs"], 1)
+        early = ", ".join("yes" if e else "NO (cap)" for e in row["stopped_early_per_seed"])
+        rows.append((f"{name}: s/epoch train + eval (1 thread)",
+                     f"{row['train_seconds'] / epochs:.1f} + {row['eval_seconds'] / epochs:.1f}"))  # fmt: skip
+        rows.append((f"{name}: epochs run per seed / cap, stopped early",
+                     f"{row['epochs_per_seed']} / {row['epoch_cap'][0]}, {early}"))  # fmt: skip
+    rows.append(("load average at the end (1 min)", f"{os.getloadavg()[0]:.1f}"))
+    record(
+        f"sequential.{title.lower()}",
+        f"next-item training to convergence (bench/sequential.py), {title}",
+        rows,
+    )
+
+
 def write_docs(path: Path, key: str, section: str) -> None:
     """Replace (or append) the section between ``<!-- sequential:key -->`` markers."""
     from gemflow.markdown import write_marked_section
@@ -337,6 +370,7 @@ def main() -> None:
     p.add_argument(
         "--collect", action="store_true", help="train nothing: table the finished runs of the workspace"
     )
+    add_record_flag(p)
     p.add_argument("--profile", action="store_true", help="only time the phases of a training step per model")
     p.add_argument(
         "--baseline-epochs", type=int, default=0, help="epoch cap of the SASRec baselines (0: config's)"
@@ -379,6 +413,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
     section = markdown(out["summary"], title, command)
     print("\n" + section)
+    if args.record:
+        record_speed(out["summary"], title)
     if args.docs:
         image = Path(args.docs).parent / "img" / f"sequential-{title}.png"
         plot(out["summary"], title, image)

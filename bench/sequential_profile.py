@@ -12,7 +12,8 @@ from gemflow.workspace import Workspace
 def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
     """Where one training step's time goes (ms, mean over ``steps`` steps after one warm-up): building the
     batch, the sequence encoder forward, the next-item head forward (queries, item vectors, softmax), backward,
-    and the optimizer step."""
+    the optimizer step, and one host read-back of the loss (``host_sync``: what ``loss.item()`` costs a step;
+    the training loop now reads its losses back once per ``optim.log_every`` steps, not every step)."""
     import torch
 
     from models.sequential.objective import next_item_loss
@@ -23,7 +24,7 @@ def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
     model = task.bundle.model.train()
     _, opt = make_optimizers(model, cfg.optim, sparse_in_backward=False)
     batches = task.epoch_batches(1)[: steps + 1]
-    phases = {"batch": [], "encoder": [], "head": [], "backward": [], "optimizer": []}
+    phases = {"batch": [], "encoder": [], "head": [], "backward": [], "optimizer": [], "host_sync": []}
     for i, users in enumerate(batches):
         t0 = time.perf_counter()
         batch = task.seqs.train_batch(users)
@@ -37,8 +38,12 @@ def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
         t4 = time.perf_counter()
         opt.step()
         t5 = time.perf_counter()
+        float(loss)
+        t6 = time.perf_counter()
         if i:  # the first step warms caches and allocators
-            for name, (a, b) in zip(phases, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5)), strict=True):
+            for name, (a, b) in zip(
+                phases, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6)), strict=True
+            ):
                 phases[name].append(1000 * (b - a))
     torch.set_grad_enabled(True)
     return {f"{name}_ms": float(np.mean(v)) for name, v in phases.items()}

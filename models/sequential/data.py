@@ -178,6 +178,11 @@ class SequenceSet:
         history = self.data.history(rows, self.max_len, self.time_buckets, gap_to="previous")
         return history, torch.from_numpy(self.user_ids[users])
 
+    def history_lengths(self, split: str) -> np.ndarray:
+        """(U,) how many events each user's ``split`` history holds (before the window of ``max_len``)."""
+        rows = self.valid_rows if split == "valid" else self.test_rows
+        return self.data.examples["cut"].to_numpy(np.int64)[rows]
+
     def targets(self, split: str) -> np.ndarray:
         rows = self.valid_rows if split == "valid" else self.test_rows
         return self.data.examples["ad_id"].to_numpy(np.int64)[rows]

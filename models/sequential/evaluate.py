@@ -42,8 +42,11 @@ def rank_split(
     if candidates is None:
         candidates = catalog_mask(seqs)
     sampled, masked, unmasked = [], [], []
+    # users of similar history length together: a padded encoder (SASRec) then pads little (the metrics are
+    # means over users, so their order does not matter)
+    order = np.argsort(np.minimum(seqs.history_lengths(split), seqs.max_len), kind="stable")
     for start in range(0, seqs.num_users, batch_users):
-        users = np.arange(start, min(start + batch_users, seqs.num_users))
+        users = order[start : start + batch_users]
         scores = score(users, split).float()
         target = targets[users]
         known = (target >= 0) & (target < scores.shape[1])

@@ -78,7 +78,13 @@ class SASRec(nn.Module):
             SASRecBlock(cfg.d_model, cfg.num_heads, cfg.dropout) for _ in range(cfg.num_blocks)
         )
         self.norm = nn.LayerNorm(cfg.d_model, eps=1e-8)
-        nn.init.xavier_normal_(self.items.weight)  # the reference implementation's init
+        # The reference implementation's init: Xavier-normal for every matrix, the position table included.
+        # PyTorch's own N(0, 1) positions are ~10x the scaled item embeddings (sqrt(d) x ~0.013): the items
+        # start drowned in position noise (measured with the reference optimizer, together: see the SASRec
+        # convergence section of docs/model-results-sequential.md).
+        for param in self.parameters():
+            if param.dim() > 1:
+                nn.init.xavier_normal_(param)
         with torch.no_grad():
             self.items.weight[self.pad_id].zero_()
 

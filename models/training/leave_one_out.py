@@ -92,11 +92,11 @@ def full_ranks(
 
     ``candidates`` (items,) marks the training catalog, ``history`` (U, items) the items each user had before
     the held-out one (masked out as competitors); the target is never its own competitor."""
-    pos = pos[:, None]
-    competitor = candidates[None].expand_as(scores).clone()
-    competitor[torch.arange(len(target)), target] = False
-    beats = (scores >= pos) & competitor
-    return (beats & ~history).sum(1), beats.sum(1)
+    beats = scores >= pos[:, None]
+    beats &= candidates[None]
+    beats[torch.arange(len(target)), target] = False  # never its own competitor
+    unmasked = beats.float().sum(1)  # floats: ~2x faster to sum than bools on a CPU
+    return (unmasked - (beats & history).float().sum(1)).long(), unmasked.long()
 
 
 def history_mask(offsets: np.ndarray, values: np.ndarray, num_items: int) -> torch.Tensor:

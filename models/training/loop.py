@@ -56,8 +56,9 @@ class Strategy(Protocol):
     def epoch_steps(self, epoch: int) -> list[Any]:
         """The batches of one epoch (1-based); the same on every rank, a function of (seed, epoch)."""
 
-    def train_step(self, batch: Any, step: int, epoch: int) -> float:
-        """One optimizer step (0-based ``step``); returns its loss."""
+    def train_step(self, batch: Any, step: int, epoch: int) -> float | None:
+        """One optimizer step (0-based ``step``); returns its loss, or a recent mean loss, or None when it read
+        no loss back to the host this step (no per-step sync); a returned value is checked for NaN / inf."""
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         """The history entry of the model as it is now (the valid split's metrics among its keys)."""
@@ -111,7 +112,7 @@ def run_loop(strategy: Strategy, cfg: LoopConfig, state: LoopState) -> LoopState
         todo = range(state.step - start, len(steps))
         for i in tqdm(todo, desc=f"epoch {epoch}/{cfg.epochs}", disable=not strategy.is_main, leave=False):
             loss = strategy.train_step(steps[i], state.step, epoch)
-            if not math.isfinite(loss):
+            if loss is not None and not math.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at step {state.step} (lower optim.lr?)")
             state.step, state.epoch = state.step + 1, epoch
             epoch_end = i == len(steps) - 1

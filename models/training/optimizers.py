@@ -28,7 +28,9 @@ def make_optimizers(
     sparse, dense = split_parameters(model) if sparse_in_backward else ([], list(model.parameters()))
     if sparse:
         apply_optimizer_in_backward(RowWiseAdagrad, sparse, {"lr": cfg.sparse_lr})
-    return sparse, torch.optim.AdamW(dense, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return sparse, torch.optim.AdamW(
+        dense, lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay
+    )
 
 
 def scheduled_lr(base_lr: float, step: int, total_steps: int, oc) -> float:

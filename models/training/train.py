@@ -164,7 +164,7 @@ class LocalStrategy:
             self.model, cfg.optim, sparse_in_backward=task.sparse_in_backward
         )
         self.total_steps = self.oc.epochs * math.ceil(task.num_train / self.oc.batch_size)  # the lr horizon
-        self.losses: list[float] = []  # since the last evaluation
+        self.losses: list[torch.Tensor] = []  # since the last evaluation (detached, read back in bulk)
         self.started = time.perf_counter()
 
     def checkpoint_path(self) -> Path:
@@ -188,7 +188,7 @@ class LocalStrategy:
     def epoch_steps(self, epoch: int) -> list[np.ndarray]:
         return self.task.epoch_batches(epoch)
 
-    def train_step(self, batch: np.ndarray, step: int, epoch: int) -> float:
+    def train_step(self, batch: np.ndarray, step: int, epoch: int) -> float | None:
         oc = self.oc
         if not self.losses:  # an epoch begins
             self.model.train()
@@ -203,12 +203,14 @@ class LocalStrategy:
         for group in self.dense_opt.param_groups:
             group["lr"] = scheduled_lr(oc.lr, step, self.total_steps, oc)
         self.dense_opt.step()
-        self.losses.append(loss.item())
-        if (step + 1) % oc.log_every == 0:
-            self.tracker.log_metrics(
-                {"train_loss": float(np.mean(self.losses[-oc.log_every :]))}, step=step + 1
-            )
-        return self.losses[-1]
+        # no per-step host sync: the losses stay tensors and are read back once per log_every steps (the
+        # loop checks that value for NaN / inf) and at the evaluation
+        self.losses.append(loss.detach())
+        if (step + 1) % oc.log_every:
+            return None
+        recent = float(torch.stack(self.losses[-oc.log_every :]).mean())
+        self.tracker.log_metrics({"train_loss": recent}, step=step + 1)
+        return recent
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         if not state.history:  # epoch 0: the untrained model
@@ -217,7 +219,7 @@ class LocalStrategy:
             return metrics
         metrics = {
             "epoch": state.epoch,
-            "train_loss": float(np.mean(self.losses)) if self.losses else math.nan,
+            "train_loss": float(torch.stack(self.losses).mean()) if self.losses else math.nan,
         }
         trained = time.perf_counter()
         metrics |= self.task.evaluate(self.model, "valid")

@@ -31,7 +31,13 @@ def deepspeed_config(cfg: TrainRunConfig, world_size: int) -> dict[str, Any]:
         "gradient_clipping": oc.grad_clip if oc.grad_clip > 0 else 0.0,
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": oc.lr, "weight_decay": oc.weight_decay, "torch_adam": True, "fused": True},
+            "params": {
+                "lr": oc.lr,
+                "betas": [0.9, oc.adam_beta2],
+                "weight_decay": oc.weight_decay,
+                "torch_adam": True,
+                "fused": True,
+            },
         },
         "zero_optimization": {
             "stage": int(dc.zero_stage),  # resolved by the trainer (models.training.distributed.zero)

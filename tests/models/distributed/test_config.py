@@ -32,6 +32,7 @@ def test_deepspeed_config_from_run_config():
     assert ds["optimizer"]["type"] == "AdamW"
     assert ds["optimizer"]["params"] == {
         "lr": 3e-4,
+        "betas": [0.9, 0.999],  # optim.adam_beta2's default
         "weight_decay": cfg.optim.weight_decay,
         "torch_adam": True,
         "fused": True,  # PyTorch's one-pass AdamW on each flat ZeRO partition
