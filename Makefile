@@ -70,7 +70,7 @@ down:
 # platform file last, alone): the suite leaves a core idle waiting on services and subprocesses much of the time.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(VENV)/.installed

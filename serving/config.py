@@ -89,7 +89,9 @@ class ScoringConfig:
     inline: bool = True
     gil_switch_ms: float = 1.0  # interpreter switch interval (serving.runtime); 0 = CPython's default, 5 ms
     cache_mb: float = 128.0  # memory for per-ad query rows, all surfaces (serving.candidate_cache); 0 = off
-    torchscript: bool = True  # score candidates through the TorchScript one-user path (models.inference.one_user)
+    torchscript: bool = (
+        True  # score candidates through the TorchScript one-user path (models.inference.one_user)
+    )
 
 
 @dataclass
@@ -139,7 +141,9 @@ class ClusterConfig:
 class ServingConfig:
     model_name: str = MODEL_NAME
     model_uri: str = f"models:/{MODEL_NAME}@champion"
-    tracking_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else the workspace's store (models.tracking.mlflow_store)
+    tracking_uri: str = (
+        ""  # "" = $MLFLOW_TRACKING_URI, else the workspace's store (models.tracking.mlflow_store)
+    )
     # The user-model version the cached embeddings must come from; "" = the one the ranker was trained against.
     expected_user_model_version: str = ""
     host: str = "127.0.0.1"  # loopback by default; the chart binds 0.0.0.0 inside the pod
@@ -163,7 +167,10 @@ class ServingConfig:
             raise ValueError(f"limits.max_candidates must be >= 1, got {lim.max_candidates}")
         if lim.max_body_bytes < 1024:
             raise ValueError(f"limits.max_body_bytes must be >= 1024, got {lim.max_body_bytes}")
-        if min(lim.feature_timeout_ms, lim.request_timeout_ms, lim.body_timeout_ms) <= 0 or lim.feature_timeout_max_ms < 0:
+        if (
+            min(lim.feature_timeout_ms, lim.request_timeout_ms, lim.body_timeout_ms) <= 0
+            or lim.feature_timeout_max_ms < 0
+        ):
             raise ValueError("limits.feature_timeout_ms, request_timeout_ms and body_timeout_ms must be > 0")
         if lim.max_in_flight < 1 or lim.retry_after_s < 0:
             raise ValueError("limits.max_in_flight must be >= 1 and limits.retry_after_s >= 0")
@@ -181,7 +188,9 @@ class ServingConfig:
                 "connections: timeouts must be > 0, max_header_bytes >= 1024 and max_headers >= 8"
             )
         if con.max_per_client < 0:
-            raise ValueError(f"connections.max_per_client must be >= 0 (0 = no limit), got {con.max_per_client}")
+            raise ValueError(
+                f"connections.max_per_client must be >= 0 (0 = no limit), got {con.max_per_client}"
+            )
         if con.http_parser not in ("httptools", "h11"):
             raise ValueError(f"connections.http_parser must be httptools or h11, got {con.http_parser!r}")
         if con.event_loop not in EVENT_LOOPS:
@@ -196,7 +205,9 @@ class ServingConfig:
                 f"scoring.gil_switch_ms must be >= 0 (0 = the interpreter's default), got {sc.gil_switch_ms}"
             )
         if self.ad_table.max_refresh_failures < 0:
-            raise ValueError(f"ad_table.max_refresh_failures must be >= 0, got {self.ad_table.max_refresh_failures}")
+            raise ValueError(
+                f"ad_table.max_refresh_failures must be >= 0, got {self.ad_table.max_refresh_failures}"
+            )
         if self.server_processes < 1:
             raise ValueError(f"server_processes must be >= 1, got {self.server_processes}")
         if self.server_processes > 1 and sc.processes > 0:

@@ -51,7 +51,9 @@ class HeadLimits:
             if self.open_per_client[client] >= self.max_per_client:
                 SHED.labels(reason="client_connections").inc()
                 RESPONSES.labels(route="connection", code="503").inc()
-                return self._answer_and_close(503, f"more than {self.max_per_client} open connections from one address")
+                return self._answer_and_close(
+                    503, f"more than {self.max_per_client} open connections from one address"
+                )
             self._client = client
             self.open_per_client[client] += 1
         self._arm()

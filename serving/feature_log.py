@@ -100,7 +100,10 @@ class FeatureLog:
     def add(self, row: dict) -> None:
         with self._lock:
             self._rows.append(row)
-            due = len(self._rows) >= self.cfg.flush_rows or time.monotonic() - self._since >= self.cfg.flush_seconds
+            due = (
+                len(self._rows) >= self.cfg.flush_rows
+                or time.monotonic() - self._since >= self.cfg.flush_seconds
+            )
             rows = self._take() if due else None
         if rows:
             self._writer.submit(self._write, rows)

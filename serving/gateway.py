@@ -86,7 +86,9 @@ class Gateway:
         self.app, self.predictor, self.cfg, self.tokens = app, predictor, cfg, tokens
         self.in_flight = 0  # admitted inference requests not answered yet (one event loop: no lock)
         rc = cfg.retrieval
-        self._retrieve_k = (rc.index.default_k, rc.index.max_k) if rc.enabled else None  # None: never retrieves
+        self._retrieve_k = (
+            (rc.index.default_k, rc.index.max_k) if rc.enabled else None
+        )  # None: never retrieves
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -213,14 +215,24 @@ class Gateway:
         if isinstance(payload, dict) and "detail" in payload and "error" not in payload:
             detail = payload["detail"]
             payload = {"error": detail if isinstance(detail, str) else orjson.dumps(detail).decode()[:300]}
-        if isinstance(payload, dict) and isinstance(payload.get("extensions"), list) and self.tokens.admin is None:
+        if (
+            isinstance(payload, dict)
+            and isinstance(payload.get("extensions"), list)
+            and self.tokens.admin is None
+        ):
             payload["extensions"] = [e for e in payload["extensions"] if e != "model_repository_extension"]
-        keep = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+        keep = [
+            (k, v)
+            for k, v in start.get("headers", [])
+            if k.lower() not in (b"content-length", b"content-type")
+        ]
         await reply.json(start["status"], payload, *keep)
 
     async def _refuse(self, reply: Reply, scope, status: int, message: str, *headers) -> None:
         """A client mistake: one log line, the protocol's error shape."""
-        log.info("%d %s %s: %s", status, scope["method"], _loggable(scope["path"][:200]), _loggable(message[:300]))
+        log.info(
+            "%d %s %s: %s", status, scope["method"], _loggable(scope["path"][:200]), _loggable(message[:300])
+        )
         await reply.json(status, {"error": message}, *headers)
 
     # ------------------------------------------------------------------------------------------- inference
@@ -253,7 +265,9 @@ class Gateway:
         finally:
             self.in_flight -= 1
 
-    async def _admitted(self, is_v2: bool, scope, headers: dict, raw: bytes, deadline: float, reply: Reply) -> None:
+    async def _admitted(
+        self, is_v2: bool, scope, headers: dict, raw: bytes, deadline: float, reply: Reply
+    ) -> None:
         lim = self.cfg.limits
         now, t_parse = time.time(), time.perf_counter()
         bounds = (now - 86400 * lim.request_ts_max_age_days, now + lim.request_ts_max_ahead_s)

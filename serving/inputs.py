@@ -109,7 +109,9 @@ def default_dense_row(spec: DenseSpec) -> np.ndarray:
     return spec.apply(pd.DataFrame({c: [np.nan] for c in spec.columns}))[0]
 
 
-def fresh_window(rec: dict[str, np.ndarray], request_ts: float, max_events: int, delay_s: int | None) -> slice:
+def fresh_window(
+    rec: dict[str, np.ndarray], request_ts: float, max_events: int, delay_s: int | None
+) -> slice:
     """The stored list's events the ranker reads: the newest ``max_events`` of those older than ``fresh_cutoff``
     (``delay_s`` None: of the whole list). The list is in event-time order: the visible events are a prefix."""
     visible = len(rec["recent_ts"])

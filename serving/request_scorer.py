@@ -157,5 +157,7 @@ class RequestScorer:
             },
         }
         if job.log_features:
-            answer[LOGGED] = served_row(job.request_id, req.user_id, request_ts, served.version, cfg, recent, feats)
+            answer[LOGGED] = served_row(
+                job.request_id, req.user_id, request_ts, served.version, cfg, recent, feats
+            )
         return answer

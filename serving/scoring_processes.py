@@ -53,7 +53,9 @@ class WorkerSetup:
     expected_user_model_version: str
     torchscript: bool
     warm_up_size: int  # candidates of the throwaway requests scored before the first real one
-    one_user_variant: str | None = None  # the server's choice (``models.inference.one_user.script``), for every worker
+    one_user_variant: str | None = (
+        None  # the server's choice (``models.inference.one_user.script``), for every worker
+    )
 
 
 class WorkerLost(RuntimeError):

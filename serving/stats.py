@@ -22,7 +22,8 @@ VERSION_MISMATCH = PromCounter(
     "gemflow_ranker_embedding_version_mismatch", "Cached embeddings written by another user-model version"
 )
 RETRIEVAL_VERSION_MISMATCH = PromCounter(
-    "gemflow_retrieval_version_mismatch", "Retrieval queries refused: the index holds another user-model version"
+    "gemflow_retrieval_version_mismatch",
+    "Retrieval queries refused: the index holds another user-model version",
 )
 UNKNOWN_ADS = PromCounter("gemflow_ranker_unknown_ads", "Candidates missing from the in-process ad table")
 RESPONSES = PromCounter(
@@ -38,13 +39,17 @@ PHASE_MS = PromCounter(
     "gemflow_ranker_phase_ms", "Summed wall milliseconds of answered requests per phase", ["phase"]
 )
 CHILD_DEATHS = PromCounter(
-    "gemflow_ranker_child_deaths", "Child processes of the server that died, by kind (ad_refresh, scoring)", ["child"]
+    "gemflow_ranker_child_deaths",
+    "Child processes of the server that died, by kind (ad_refresh, scoring)",
+    ["child"],
 )
 CHILD_RESTARTS = PromCounter(
     "gemflow_ranker_child_restarts", "Child processes started again after one died, by kind", ["child"]
 )
 AD_REFRESHES = PromCounter(
-    "gemflow_ranker_ad_table_refreshes", "Ad-table refreshes by outcome (loaded, unchanged, failed)", ["outcome"]
+    "gemflow_ranker_ad_table_refreshes",
+    "Ad-table refreshes by outcome (loaded, unchanged, failed)",
+    ["outcome"],
 )
 # (multiprocess_mode: how the server processes' values combine; ignored with one process)
 AD_REFRESH_FAILING = Gauge(

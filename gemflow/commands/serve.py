@@ -49,10 +49,12 @@ def register(app: typer.Typer) -> None:
     @app.command("skew-check")
     def skew_check_cmd(
         training_set: Annotated[
-            str, typer.Option("--training-set", "-t", help="Training set name (or folder) built after the days.")
+            str,
+            typer.Option("--training-set", "-t", help="Training set name (or folder) built after the days."),
         ],
         dates: Annotated[
-            str | None, typer.Option("--dates", help="Comma-separated logged days (default: every logged day).")
+            str | None,
+            typer.Option("--dates", help="Comma-separated logged days (default: every logged day)."),
         ] = None,
         json_out: Annotated[str | None, typer.Option("--json", help="Also write the report here.")] = None,
         ws: WorkspaceOpt = None,
@@ -128,7 +130,8 @@ def register(app: typer.Typer) -> None:
         track: Annotated[bool, typer.Option(help="Log the report to MLflow (gemflow-retrieval).")] = True,
         tracking_uri: Annotated[str, typer.Option(help="MLflow tracking URI.")] = "",
         skip_without_vectors: Annotated[
-            bool, typer.Option(help="Exit 4 (skip) when the refresh wrote no retrieval vectors (a click model).")
+            bool,
+            typer.Option(help="Exit 4 (skip) when the refresh wrote no retrieval vectors (a click model)."),
         ] = False,
         cfg_path: ConfigOpt = None,
         overrides: SetOpt = None,

@@ -111,7 +111,9 @@ def register(app: typer.Typer) -> None:
         negatives: Annotated[int, typer.Option(help="Sampled negatives per leave-one-out list.")] = 99,
         fresh_as_of: Annotated[
             str,
-            typer.Option(help="Ranker: fresh events as the event path serves them (served) or a daily store (day)."),
+            typer.Option(
+                help="Ranker: fresh events as the event path serves them (served) or a daily store (day)."
+            ),
         ] = "served",
         ws: WorkspaceOpt = None,
     ) -> None:

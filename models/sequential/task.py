@@ -21,7 +21,10 @@ from models.training.dense import DenseSpec
 
 
 class NextItemTask:
-    higher_is_better, sparse_in_backward = True, False  # embeddings train with AdamW (see models.training.train)
+    higher_is_better, sparse_in_backward = (
+        True,
+        False,
+    )  # embeddings train with AdamW (see models.training.train)
 
     def __init__(self, cfg: TrainRunConfig, path: Path):
         data = TrainingSet(path)

@@ -228,8 +228,14 @@ def _check(ws: Workspace, rankers: dict[str, Path], results: dict) -> None:
     # only the refresh that ran published EMBEDDINGS; the skipped one (no champion yet) published nothing
     assert results["published"] == ["gemflow.embeddings"], results["published"]
     # nothing refreshed, nothing to index; the click-objective user model writes no retrieval vectors: skipped
-    assert skipped == {"state": "success", "tasks": {"refresh_embeddings": "skipped", "build_retrieval_index": "skipped"}}
-    assert refreshed == {"state": "success", "tasks": {"refresh_embeddings": "success", "build_retrieval_index": "skipped"}}
+    assert skipped == {
+        "state": "success",
+        "tasks": {"refresh_embeddings": "skipped", "build_retrieval_index": "skipped"},
+    }
+    assert refreshed == {
+        "state": "success",
+        "tasks": {"refresh_embeddings": "success", "build_retrieval_index": "skipped"},
+    }
     summary = json.loads(next(ws.reports(DAYS[-1]).glob("user_embedding/refresh_summary.json")).read_text())
     assert summary["model_version"] == "local/u1" and summary["online"] == "pushed"
 

@@ -73,9 +73,7 @@ def _scores(model: Ranker, inputs, fast: bool, mask=None) -> torch.Tensor:
 @pytest.mark.parametrize("torchscript", [False, True], ids=["eager", "torchscript"])
 def test_fast_path_equals_training_path(cfg, events, cands, torchscript):
     model = _model(**cfg)
-    if (
-        torchscript
-    ):  # the serving path (models.inference.one_user) applies to target-aware pooling without interaction layers
+    if torchscript:  # the serving path (models.inference.one_user) applies to target-aware pooling without interaction layers
         applies = cfg.get("pooling", "target") == "target" and not cfg.get("interaction_layers")
         assert model.script_one_user() == applies
         assert isinstance(model.one_user_scorer(), torch.jit.ScriptModule) == applies

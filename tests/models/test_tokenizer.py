@@ -51,7 +51,11 @@ def test_dense_tokens_one_token_per_feature():
 def test_history_is_jagged_and_gradients_reach_embeddings():
     cfg = tiny_user_config(next_event_weight=0.1)
     builder = BatchBuilder(
-        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
+        tiny_set(),
+        tiny_dense(),
+        history_len=cfg.max_history,
+        time_buckets=cfg.time_buckets,
+        gap_to="previous",
     )
     rows = np.arange(12)
     batch = builder(rows)

@@ -18,7 +18,11 @@ def _model_and_batch(rows=np.arange(10), **cfg_kw):
     torch.manual_seed(0)
     cfg = tiny_user_config(**cfg_kw)
     builder = BatchBuilder(
-        tiny_set(), tiny_dense(), history_len=cfg.max_history, time_buckets=cfg.time_buckets, gap_to="previous"
+        tiny_set(),
+        tiny_dense(),
+        history_len=cfg.max_history,
+        time_buckets=cfg.time_buckets,
+        gap_to="previous",
     )
     model = UserModel(cfg, tiny_set().vocab, len(tiny_dense().columns)).eval()
     return model, builder(rows)

@@ -55,8 +55,12 @@ def _listeners(pids: set[int]) -> list[str]:
 def test_up_runs_the_pipeline_by_itself_and_down_leaves_nothing(tmp_path: Path):
     require_airflow()
     ws = Workspace(tmp_path / "ws")
-    ports = {"airflow_port": _free_port(), "mlflow_port": _free_port(), "endpoint_port": _free_port(),
-             "events_port": _free_port()}  # fmt: skip (no default port: another platform may run beside the test)
+    ports = {
+        "airflow_port": _free_port(),
+        "mlflow_port": _free_port(),
+        "endpoint_port": _free_port(),
+        "events_port": _free_port(),
+    }  # fmt: skip (no default port: another platform may run beside the test)
     sets = [a for k, v in ports.items() for a in ("--set", f"{k}={v}")]
     t0 = time.monotonic()
     up = subprocess.run(

@@ -188,7 +188,9 @@ def test_the_event_loop_is_the_one_configured(name):
 
 def test_a_request_target_past_the_head_limit_is_refused_even_in_one_read(conn_server):
     sock = connect(conn_server)
-    sock.sendall(b"GET /v2/health/live?" + b"a" * 64_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n")  # ~64 kB in one send
+    sock.sendall(
+        b"GET /v2/health/live?" + b"a" * 64_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n"
+    )  # ~64 kB in one send
     data, _ = read_until_closed(sock)
     assert status_of(data) in (414, 431) and b'"error"' in data, data[:200]
 

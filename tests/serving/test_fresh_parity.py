@@ -122,8 +122,8 @@ def test_a_served_rankers_logged_features_equal_the_training_builders(pipeline, 
     report = skew_check(ws, ws.training("t"))
     assert report["rows"] == len(USERS) + 1
     assert report["fresh_delay_s"] == [TrainRunConfig().ranker.fresh_delay_s]
-    assert {name: f["mismatches"] for name, f in report["features"].items() if f["mismatches"]} == {}, json.dumps(
-        report, indent=2
+    assert {name: f["mismatches"] for name, f in report["features"].items() if f["mismatches"]} == {}, (
+        json.dumps(report, indent=2)
     )
     served = read_served(ws)
     assert served["recent_ad_ids"].map(len).sum() > 0 and (served["user_gender"] >= 0).sum() == len(USERS)
@@ -135,4 +135,6 @@ def test_a_served_rankers_logged_features_equal_the_training_builders(pipeline, 
         row[name] = row[name][1:]
     pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), file)
     skewed = skew_check(ws, ws.training("t"))["features"]
-    assert {name: f["mismatches"] for name, f in skewed.items() if f["mismatches"]} == dict.fromkeys(EVENT_FIELDS, 1)
+    assert {name: f["mismatches"] for name, f in skewed.items() if f["mismatches"]} == dict.fromkeys(
+        EVENT_FIELDS, 1
+    )

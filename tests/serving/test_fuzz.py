@@ -140,7 +140,15 @@ FOUND = [
 ]  # fmt: skip
 ODD_NAMES = [None, 1, 1.5, True, [], ["user_id"], {}, {"name": "user_id"}, [[["x"]]], {"a": {"b": []}}]
 # digits str.isdigit() accepts and int() refuses or reads: superscripts, Arabic-Indic, fullwidth, Devanagari
-UNICODE_DIGITS = ["\u00b2", "\u00b9\u00b2", "\u0661\u0662", "\uff11\uff12", "\u0967\u0968", "1\u00b2", "\u2460"]
+UNICODE_DIGITS = [
+    "\u00b2",
+    "\u00b9\u00b2",
+    "\u0661\u0662",
+    "\uff11\uff12",
+    "\u0967\u0968",
+    "1\u00b2",
+    "\u2460",
+]
 
 
 DEEP = "<deep>"  # stands for the nested value in a body; replaced after encoding (orjson stops at 254 levels)
@@ -162,11 +170,15 @@ def nesting_cases(rng: random.Random, n: int = 60) -> list[tuple[str, bytes, dic
     """A value nested 7..1,020 deep (orjson's own limit is 1,024) at every place a request holds a value."""
     out = []
     for i in range(n):
-        nested = _nest(rng.choice([7, 8, 9, 50, 500, 1000, 1020]), rng.choice([b"1", b'"x"', b"null", b"1.5"]), rng)
+        nested = _nest(
+            rng.choice([7, 8, 9, 50, 500, 1000, 1020]), rng.choice([b"1", b'"x"', b"null", b"1.5"]), rng
+        )
         deep = DEEP
         if i % 2 == 0:
             body = {"user_id": 1, "candidates": [1, 2, 3], "context": {"surface": "feed"}}
-            where = rng.choice(["user_id", "candidates", "cand_item", "context", "surface", "extra", "instances"])
+            where = rng.choice(
+                ["user_id", "candidates", "cand_item", "context", "surface", "extra", "instances"]
+            )
             if where == "cand_item":
                 body["candidates"].append(deep)
             elif where == "surface":
@@ -175,7 +187,9 @@ def nesting_cases(rng: random.Random, n: int = 60) -> list[tuple[str, bytes, dic
                 body = {"instances": [body, deep]}
             else:
                 body["bid" if where == "extra" else where] = deep
-            out.append((V1, orjson.dumps(body).replace(b'"<deep>"', nested), {"Content-Type": "application/json"}))
+            out.append(
+                (V1, orjson.dumps(body).replace(b'"<deep>"', nested), {"Content-Type": "application/json"})
+            )
         else:
             body = _v2_body()
             tensor = rng.choice(body["inputs"])
@@ -229,7 +243,13 @@ def unicode_digit_cases() -> list[tuple[str, bytes, dict]]:
         raw = digits.encode("utf-8")
         out.append((V2, head, {"Inference-Header-Content-Length": raw}))
         out.append((V2, head, {"Inference-Header-Content-Length": digits.encode("latin-1", "replace")}))
-        out.append((V1, b'{"user_id": 1, "candidates": [1]}', {"Content-Type": "application/json", "Content-Length": raw}))
+        out.append(
+            (
+                V1,
+                b'{"user_id": 1, "candidates": [1]}',
+                {"Content-Type": "application/json", "Content-Length": raw},
+            )
+        )
         out.append((V2, head, {"Content-Length": raw}))
     return out
 

@@ -82,7 +82,9 @@ def test_beyond_the_in_flight_limit_requests_are_shed_at_once(guarded, world):
             time.sleep(0.3)
             t0 = time.monotonic()
             status, headers, payload = call(guarded, "POST", PREDICT, BODY)
-            assert status == 503 and headers.get("retry-after") == "1" and time.monotonic() - t0 < 1.0, payload
+            assert status == 503 and headers.get("retry-after") == "1" and time.monotonic() - t0 < 1.0, (
+                payload
+            )
         finally:
             lock.rollback()
             lock.close()
@@ -98,7 +100,9 @@ def test_a_client_trickling_its_body_holds_no_slot(guarded):
     holder = socket.create_connection((url.hostname, url.port), timeout=10)
     head = (f"POST {PREDICT} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(BODY)}\r\n\r\n").encode()  # fmt: skip
-    holder.sendall(head + BODY[:10])  # waiting for the rest of its body: no slot taken yet (admission after it)
+    holder.sendall(
+        head + BODY[:10]
+    )  # waiting for the rest of its body: no slot taken yet (admission after it)
     time.sleep(0.3)
     assert call(guarded, "POST", PREDICT, BODY)[0] == 200  # the one slot is free
     holder.sendall(BODY[10:])

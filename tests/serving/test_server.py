@@ -166,7 +166,15 @@ def test_metadata_lists_the_tensors(server):
     assert status == 200
     inputs = {t["name"]: t for t in meta["inputs"]}
     assert inputs["candidates"] == {**inputs["candidates"], "datatype": "INT64", "shape": [-1]}
-    assert set(inputs) == {"user_id", "candidates", "surface", "hour", "request_ts", "retrieve_k", "exclude_advertisers"}
+    assert set(inputs) == {
+        "user_id",
+        "candidates",
+        "surface",
+        "hour",
+        "request_ts",
+        "retrieve_k",
+        "exclude_advertisers",
+    }
     assert inputs["retrieve_k"]["parameters"]["optional"] is True  # retrieval: only without candidates
     assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
         ("ad_ids", "INT64"), ("p_click", "FP32"), ("p_conversion", "FP32")]  # fmt: skip

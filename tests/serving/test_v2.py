@@ -83,7 +83,10 @@ CASES = [
     ({"inputs": [user()], "parameters": {"binary_data_output": {"a": [1]}}}, "boolean, number or string"),
     ({"inputs": [{**user(), "data": [[[[[[[[[1]]]]]]]]]}]}, "nests deeper than 8 levels"),
     ({"inputs": [user()], "id": [[[[[[[[[["x"]]]]]]]]]]}, "nests deeper than 8 levels"),
-    ({"inputs": [user()], "model_name": "other"}, "model_name 'other' in the body does not match the model 'gem-ranker'"),
+    (
+        {"inputs": [user()], "model_name": "other"},
+        "model_name 'other' in the body does not match the model 'gem-ranker'",
+    ),
     ({"inputs": [user()], "model_name": ["gem-ranker"]}, "does not match"),
     ({"inputs": [user()], "x" * 5000: 1}, "unknown field(s) ['xxxxxxxxxxxx...xxxxxxxxxxxxx']"),
 ]
@@ -141,7 +144,17 @@ def test_binary_mistakes_are_named(inputs, tail, needle):
 
 @pytest.mark.parametrize(
     "value",
-    [b"abc", b"0", b"-4", b"999999", b"1e3", b"", "\u00b2".encode("latin-1"), "\u0661\u0662".encode(), "\uff11".encode()],
+    [
+        b"abc",
+        b"0",
+        b"-4",
+        b"999999",
+        b"1e3",
+        b"",
+        "\u00b2".encode("latin-1"),
+        "\u0661\u0662".encode(),
+        "\uff11".encode(),
+    ],
 )
 def test_header_length_must_be_a_count_inside_the_body(value):
     with pytest.raises(RequestError, match="Inference-Header-Content-Length"):

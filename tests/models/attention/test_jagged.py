@@ -285,7 +285,10 @@ def test_no_bucket_pads_a_short_key_sequence_past_the_kv_cliff(q_lens, kv_lens):
     for plan, lens in plans:
         for bucket in plan.buckets:
             if bucket.max_len > jagged_layout.KV_CLIFF:
-                assert int(lens[bucket.seq].min()) > jagged_layout.KV_CLIFF, (bucket.max_len, lens[bucket.seq])
+                assert int(lens[bucket.seq].min()) > jagged_layout.KV_CLIFF, (
+                    bucket.max_len,
+                    lens[bucket.seq],
+                )
 
 
 def contiguous_partitions(n: int):
@@ -341,7 +344,8 @@ def test_plan_is_built_once_per_batch_and_rebuilt_when_its_inputs_change():
     first = jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs))
     assert jagged_plan.cached_plan_self_attention(offsets.clone(), ts.clone(), **plan_args(inputs)) is first
     assert (
-        jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs) | dict(causal=False)) is not first
+        jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs) | dict(causal=False))
+        is not first
     )
     ts.add_(1_000)  # in place: a stale plan would keep the old time buckets
     rebuilt = jagged_plan.cached_plan_self_attention(offsets, ts, **plan_args(inputs))

@@ -194,7 +194,9 @@ else:
     def test_case_runs_in_the_intended_mode():
         interpreted = triton_launch.interpreting()
         assert interpreted == (DEVICE.type == "cpu"), "TRITON_INTERPRET must be set exactly for CPU runs"
-        assert type(triton_kernels.fwd_kernel).__name__ == ("InterpretedFunction" if interpreted else "JITFunction")
+        assert type(triton_kernels.fwd_kernel).__name__ == (
+            "InterpretedFunction" if interpreted else "JITFunction"
+        )
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     @pytest.mark.parametrize("causal", [False, True])
@@ -442,7 +444,11 @@ else:
         kernels = [
             (triton_kernels.fwd_kernel, cfgs["fwd"], dict(STORE_OUT32=True)),
             (triton_kernels.bwd_dkdv_kernel, cfgs["dkdv"], {}),
-            (triton_kernels.bwd_dq_kernel, cfgs["dq"], dict(POS_GRAD=True, TIME_GRAD=True, POS_BINS=64, TIME_BINS=32)),
+            (
+                triton_kernels.bwd_dq_kernel,
+                cfgs["dq"],
+                dict(POS_GRAD=True, TIME_GRAD=True, POS_BINS=64, TIME_BINS=32),
+            ),
         ]
         for kernel, cfg, extra in kernels:
             constexprs = dict(flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **extra)
