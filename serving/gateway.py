@@ -28,9 +28,10 @@ import orjson
 
 from serving import openapi, stats, v2
 from serving.auth import Tokens, bearer_ok
-from serving.config import ConnectionConfig, ServingConfig
+from serving.config import ServingConfig
 from serving.docs_page import docs_page
 from serving.predictor import RankerPredictor
+from serving.request_checks import content_problem, header_problem
 from serving.request_scorer import Cancelled
 from serving.retrieval.index import IndexVersionMismatch
 from serving.retrieval.service import RetrievalUnavailable
@@ -108,7 +109,7 @@ class Gateway:
     # ------------------------------------------------------------------------------------------- routing
     async def _dispatch(self, scope, receive, reply: Reply) -> None:
         method, path = scope["method"], scope["path"]
-        too_many = _header_problem(scope, self.cfg.connections)
+        too_many = header_problem(scope, self.cfg.connections)
         if too_many:
             return await self._refuse(reply, scope, *too_many, CLOSE)
         if path == "/metrics" and method == "GET" and stats.multiprocess():  # every server process's metrics
@@ -237,7 +238,7 @@ class Gateway:
 
     # ------------------------------------------------------------------------------------------- inference
     async def _infer(self, is_v2: bool, scope, headers: dict, receive, reply: Reply) -> None:
-        problem = _content_problem(is_v2, headers)
+        problem = content_problem(is_v2, headers)
         if problem:
             return await self._refuse(reply, scope, 415, problem)
         lim = self.cfg.limits
@@ -361,20 +362,6 @@ class Gateway:
                 return b"".join(chunks)
 
 
-def _header_problem(scope, con: ConnectionConfig) -> tuple[int, str] | None:
-    """``serving.connections`` bounds a head that arrives in pieces; one that arrives whole in one read is bounded
-    here, request line included (431, or 414 for the target alone; then closed)."""
-    headers = scope["headers"]
-    if len(headers) > con.max_headers:
-        return 431, f"more than {con.max_headers} header lines"
-    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-    if target > con.max_header_bytes:
-        return 414, f"the request target exceeds {con.max_header_bytes} bytes"
-    if target + sum(len(k) + len(v) + 4 for k, v in headers) > con.max_header_bytes:
-        return 431, f"the request head exceeds {con.max_header_bytes} bytes"
-    return None
-
-
 def _loggable(text: str) -> str:
     """A client's text as one log line: control characters (a decoded ``%0a``) and non-ASCII escaped, so no client
     can forge or split a line of the server's log."""
@@ -386,26 +373,6 @@ def _json(raw: bytes):
         return orjson.loads(raw)
     except orjson.JSONDecodeError as err:
         raise RequestError(f"the body is not valid JSON: {err}") from None
-
-
-def _content_problem(is_v2: bool, headers: dict) -> str | None:
-    """Content-Encoding must be identity; V1 bodies are JSON; V2 bodies are JSON, or the binary extension when
-    ``Inference-Header-Content-Length`` is set. A V2 body without Content-Type is JSON (tritonclient sends none)."""
-    encoding = headers.get(b"content-encoding", b"identity").strip().lower()
-    if encoding not in (b"", b"identity"):
-        return f"Content-Encoding {encoding[:30].decode('latin-1')!r} is not supported: send the body uncompressed"
-    ctype = headers.get(b"content-type")
-    mime = None if ctype is None else ctype.split(b";", 1)[0].strip().lower()
-    if not is_v2:
-        if mime != b"application/json":
-            return "the body must be JSON with Content-Type: application/json"
-        return None
-    allowed = (None, b"application/json")
-    if b"inference-header-content-length" in headers:
-        allowed = (None, b"application/json", b"application/octet-stream")
-    if mime not in allowed:
-        return f"Content-Type {ctype[:60].decode('latin-1')!r} is not accepted: JSON, or the binary extension"
-    return None
 
 
 def _v2_parameters(r: dict) -> dict:
