@@ -19,12 +19,10 @@ ms. The load average is printed and recorded beside the figures: on a shared mac
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from report import add_record_flag, record  # noqa: E402
 from retrieval import clustered, model_width  # noqa: E402
-from serve import Client, Tally, cpu_seconds, percentiles, wait_ready  # noqa: E402
+from serve import Client, cpu_seconds, percentiles, send_open_loop, wait_ready  # noqa: E402
 
 MODEL = "gem-ranker"
 PREDICT = f"/v1/models/{MODEL}:predict"
@@ -100,31 +98,15 @@ def prepare(world_dir: Path, ads: int) -> dict:
 def open_loop(base: str, bodies: list[bytes], rate: float, seconds: float, proc) -> dict:
     import psutil
 
-    total = int(rate * seconds)
-    tally, local, retrieval_ms = Tally(), threading.local(), []
+    total, retrieval_ms = int(rate * seconds), []
 
-    def one(i: int, due: float) -> None:
-        if not hasattr(local, "client"):
-            local.client = Client(base, timeout=10)
-        t0 = min(due, time.perf_counter())  # from when it was due: a late send counts as latency (open loop)
-        try:
-            status, payload = local.client.post(PREDICT, bodies[i % len(bodies)])
-        except OSError as err:
-            status, payload = type(err).__name__, None
-        tally.record(1e3 * (time.perf_counter() - t0), status, payload)
+    def on_reply(status, payload) -> None:
         if status == 200:
             retrieval_ms.append(orjson.loads(payload)["retrieval"]["ms"])
 
     server = psutil.Process(proc.pid)
     cpu0 = cpu_seconds(server)
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        for i in range(total):
-            due = start + i / rate
-            if (wait := due - time.perf_counter()) > 0:
-                time.sleep(wait)
-            pool.submit(one, i, due)
-    wall = time.perf_counter() - start
+    tally, wall = send_open_loop(base, bodies, rate, total, on_reply)
     return {"sent": total, "wall": wall, "codes": dict(tally.codes), "latency": percentiles(tally.client_ms),
             "errors": sum(v for k, v in tally.codes.items() if k != 200),
             "cpu_ms": 1e3 * (cpu_seconds(server) - cpu0) / total,

@@ -412,12 +412,38 @@ def _cpu_ms(fn) -> float:
 
 
 # --------------------------------------------------------------------------------------------- 3. soak
+def send_open_loop(base: str, bodies: list[bytes], rate: float, total: int, on_reply=None, desc="open loop"):
+    """``total`` predict requests at ``rate``/s from 32 senders, each timed from when it was due (a late send counts
+    as latency: open loop); ``on_reply(status, payload)`` sees every answer. Returns (tally, wall seconds)."""
+    tally, local = Tally(), threading.local()
+
+    def one(i: int, due: float) -> None:
+        if not hasattr(local, "client"):
+            local.client = Client(base, timeout=10)
+        t0 = min(due, time.perf_counter())
+        try:
+            status, payload = local.client.post(PREDICT, bodies[i % len(bodies)])
+        except OSError as err:
+            status, payload = type(err).__name__, None
+        tally.record(1e3 * (time.perf_counter() - t0), status, payload)
+        if on_reply is not None:
+            on_reply(status, payload)
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        for i in tqdm(range(total), desc=desc, leave=False, disable=None, mininterval=2):
+            due = start + i / rate
+            if (wait := due - time.perf_counter()) > 0:
+                time.sleep(wait)
+            pool.submit(one, i, due)
+    return tally, time.perf_counter() - start
+
+
 def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, request_ts: float) -> None:
     """Open loop at ``rate`` requests/s for ``seconds`` (bounded; stops by itself), RSS sampled every second."""
     print(f"\n== soak: {rate:.0f} req/s x {seconds:.0f} s, {n} candidates per request (open loop)")
     total = int(rate * seconds)
     bodies = [request_body(rng, users, num_ads, n, request_ts) for _ in range(min(total, 500))]
-    tally, local = Tally(), threading.local()
     rss: list[tuple[int, int]] = []  # (server process, its children: the ad-table refresh process)
     done = threading.Event()
 
@@ -430,29 +456,11 @@ def run_soak(base, rng, users, num_ads, n, rate: float, seconds: float, proc, re
             rss.append((proc.memory_info().rss, children))
             done.wait(1.0)
 
-    def one(i: int, due: float) -> None:
-        if not hasattr(local, "client"):
-            local.client = Client(base, timeout=10)
-        t0 = min(due, time.perf_counter())  # from when it was due: a late send counts as latency (open loop)
-        try:
-            status, payload = local.client.post(PREDICT, bodies[i % len(bodies)])
-        except OSError as err:
-            status, payload = type(err).__name__, None
-        tally.record(1e3 * (time.perf_counter() - t0), status, payload)
-
     before = get_json(base, f"/v2/models/{MODEL}/stats")[1]["stats"]
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
     cpu0 = cpu_seconds(proc)
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        for i in tqdm(range(total), desc="soak", leave=False, disable=None, mininterval=2):
-            due = start + i / rate
-            wait = due - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            pool.submit(one, i, due)
-    wall = time.perf_counter() - start
+    tally, wall = send_open_loop(base, bodies, rate, total, desc="soak")
     server_cpu = 1e3 * (cpu_seconds(proc) - cpu0) / total
     done.set()
     sampler.join()

@@ -36,7 +36,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 from tqdm.auto import tqdm
 
 from features.feature_repo import FeatureStoreConfig
@@ -128,29 +127,28 @@ def log_rejection(ws: Workspace, day: dt.date, table: str, result) -> None:
     )  # fmt: skip
 
 
-def validate_day(ws: Workspace, day: dt.date, cfg: IngestConfig, raw: dict[str, pd.DataFrame]) -> dict:
-    """Gate every table; on failure write the quarantines (no accepted data) and re-raise."""
-    from features.validation import ValidationGateError, validate_partition
+def validate_day(
+    ws: Workspace, day: dt.date, cfg: IngestConfig, validate_table, quarantine=write_quarantine
+) -> dict:
+    """Gate every table in order (events last: they are checked against the accepted ads); on a rejection write
+    every quarantine so far (no accepted data), log it and re-raise. ``validate_table(table, ads=, previous_count=,
+    now=, config=)`` is one engine's gate of one table and ``quarantine(ws, result, day)`` its quarantine writer, so
+    both engines share this order and this failure path."""
+    from features.validation import ValidationGateError
 
     gate, now = gate_config(cfg), gate_now(cfg)
     previous = previous_accepted_count(ws, day)
     results: dict = {}
     for table in TABLES:
         try:
-            results[table] = validate_partition(
-                table,
-                raw[table],
-                day=day,
-                report_dir=ws.reports(day),
-                ads=results["ads"].accepted if table == "events" else None,
-                previous_count=previous if table == "events" else None,
-                now=now,
-                config=gate,
-            )
+            results[table] = validate_table(
+                table, ads=results["ads"].accepted if table == "events" else None,
+                previous_count=previous if table == "events" else None, now=now, config=gate,
+            )  # fmt: skip
         except ValidationGateError as err:
             results[table] = err.result
             for result in results.values():
-                write_quarantine(ws, result, day)
+                quarantine(ws, result, day)
             log_rejection(ws, day, table, err.result)
             raise
     return results
@@ -160,7 +158,12 @@ def _gate_and_write_local(ws: Workspace, day: dt.date, cfg: IngestConfig, timing
     with step("read raw", timings):
         raw = {table: read_raw(ws, table, day) for table in TABLES}
     with step("validate", timings):
-        results = validate_day(ws, day, cfg, raw)
+        from features.validation import validate_partition
+
+        def validate_table(table: str, **gate) -> object:
+            return validate_partition(table, raw[table], day=day, report_dir=ws.reports(day), **gate)
+
+        results = validate_day(ws, day, cfg, validate_table)
     with step("write offline", timings):
         derived_rows = write_accepted(ws, day, {table: r.accepted for table, r in results.items()})
         for result in results.values():

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from features.feature_repo.offline import partition_files, read_partition
 from features.ingestion import step
-from features.ingestion.offline import SORT_KEYS, previous_accepted_count, write_snapshot_features
+from features.ingestion.offline import SORT_KEYS, write_snapshot_features
 from features.ingestion.raw import TABLES, missing_partition, raw_folders
 from features.schema import SCHEMAS
 from features.spark.gate import ROW, validate_partition
@@ -70,32 +70,22 @@ def read_raw(spark: SparkSession, ws: Workspace, table: str, day: dt.date) -> Da
 
 def gate_and_write(ws: Workspace, day: dt.date, cfg, timings: dict) -> tuple[dict, dict, dict]:
     """Read, gate and write ``day`` on Spark; returns (raw rows per table, gate results, derived rows)."""
-    from features.ingest import gate_config, gate_now, log_rejection
+    from features.ingest import validate_day
     from features.spark.session import spark_session
-    from features.validation import ValidationGateError
 
     spark = spark_session(cfg.spark)
     with step("read raw", timings):
         raw = {table: read_raw(spark, ws, table, day).persist() for table in TABLES}
         rows = {table: frame.count() for table, frame in raw.items()}
-    gate, now = gate_config(cfg), gate_now(cfg)
-    previous = previous_accepted_count(ws, day)
-    results: dict = {}
+
+    def validate_table(table: str, **gate) -> object:
+        return validate_partition(
+            spark, table, raw[table], rows=rows[table], day=day, report_dir=ws.reports(day), **gate
+        )
+
     try:
         with step("validate", timings):
-            for table in TABLES:
-                try:
-                    results[table] = validate_partition(
-                        spark, table, raw[table], rows=rows[table], day=day, report_dir=ws.reports(day),
-                        ads=results["ads"].accepted if table == "events" else None,
-                        previous_count=previous if table == "events" else None, now=now, config=gate,
-                    )  # fmt: skip
-                except ValidationGateError as err:
-                    results[table] = err.result
-                    for result in results.values():
-                        write_quarantine(ws, result, day)
-                    log_rejection(ws, day, table, err.result)
-                    raise
+            results = validate_day(ws, day, cfg, validate_table, quarantine=write_quarantine)
         with step("write offline", timings):
             for table, result in results.items():
                 ordered = result.accepted.orderBy(*SORT_KEYS[table])
