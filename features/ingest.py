@@ -48,26 +48,11 @@ from features.ingestion.offline import (
     write_quarantine,
 )
 from features.ingestion.online import publish_online
-from features.ingestion.raw import LIVE_EVENTS, TABLES, IngestError, raw_days, read_raw
+from features.ingestion.raw import TABLES, read_raw
 from features.schema import RECENT_EVENTS
 from features.spark.session import SparkConfig, check_engine
 from gemflow.config import save_config, to_dict
 from gemflow.workspace import Workspace
-
-__all__ = [
-    "LIVE_EVENTS",
-    "DateIngestError",
-    "IngestConfig",
-    "IngestError",
-    "derive_features",
-    "ingest",
-    "ingest_days",
-    "publish_online",
-    "raw_days",
-    "read_raw",
-    "validate_day",
-    "write_accepted",
-]
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ def _fail(err: Exception, code: int = BAD_INPUT_EXIT) -> typer.Exit:
 
 
 def _ingest_one(ws, day, cfg) -> None:
-    from features.ingest import IngestError, ingest
+    from features.ingest import ingest
+    from features.ingestion.raw import IngestError
     from features.validation import ValidationGateError
 
     try:
@@ -43,7 +44,8 @@ def _ingest_one(ws, day, cfg) -> None:
 
 
 def _ingest_many(ws, cfg, start: str | None, end: str | None, dates: str | None) -> None:
-    from features.ingest import DateIngestError, IngestError, ingest_days, raw_days
+    from features.ingest import DateIngestError, ingest_days
+    from features.ingestion.raw import IngestError, raw_days
     from features.validation import ValidationGateError
 
     if dates:

@@ -4,7 +4,7 @@ Each export is a rowid range of the log, recorded (``exports``, not done) before
 land in ``ws.raw("live_events", D)/live-<lo>-<hi>.parquet`` for each UTC day D they fall on (the raw events
 contract, ``features.schema.EVENTS_SCHEMA``), each file written to a temporary name, fsynced and renamed; then the
 range is marked done. A crash anywhere re-runs the recorded range with the same file names: a file is replaced,
-never doubled. The ingest reads this folder beside the batch landing (``features.ingest.read_raw``) and counts an
+never doubled. The ingest reads this folder beside the batch landing (``features.ingestion.raw.read_raw``) and counts an
 event delivered by both once.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from features.ingest import LIVE_EVENTS
+from features.ingestion.raw import LIVE_EVENTS
 from features.schema import ACTIONS, EVENTS_SCHEMA, SURFACES
 from features.sources.writer import strings
 from gemflow.workspace import Workspace

@@ -94,7 +94,9 @@ def land_days(ws: Workspace, days: int, start: dt.date = DAY0) -> dict[dt.date, 
 def publish_without_gate(ws: Workspace, frames_by_day: dict, cfg=None) -> None:
     """Write hand-built (already valid) days straight to the offline store and Feast, skipping the gate, so the
     feature-repo tests do not depend on the validation suites."""
-    from features.ingest import IngestConfig, derive_features, publish_online, write_accepted
+    from features.ingest import IngestConfig
+    from features.ingestion.offline import derive_features, write_accepted
+    from features.ingestion.online import publish_online
 
     cfg = cfg or IngestConfig()
     for day, frames in sorted(frames_by_day.items()):

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from features.ingest import DateIngestError, IngestConfig, IngestError, ingest, ingest_days, raw_days
+from features.ingest import DateIngestError, IngestConfig, ingest, ingest_days
+from features.ingestion.raw import IngestError, raw_days
 from features.store import open_store
 from features.validation import ValidationGateError
 from gemflow.cli import app

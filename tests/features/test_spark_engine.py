@@ -15,7 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 from features.feature_repo.offline import partition_days
-from features.ingest import IngestConfig, ingest, write_accepted
+from features.ingest import IngestConfig, ingest
+from features.ingestion.offline import write_accepted
 from features.sources.movielens import import_movielens
 from features.sources.synthetic import SyntheticConfig, generate
 from features.spark.session import SparkConfig, spark_session

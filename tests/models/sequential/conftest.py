@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from features.ingest import write_accepted
+from features.ingestion.offline import write_accepted
 from features.sources.sequences import import_sequences
 from features.training_sets import TrainingSetConfig, build_training_set
 from gemflow.workspace import Workspace
