@@ -1,7 +1,7 @@
 """The next-item loss: the state after an event scores the item that came next, against the catalog.
 
 - ``full``: softmax cross-entropy over every item (affordable on CPU for catalogs of tens of thousands:
-  positions x items x d multiply-adds per step);
+  positions x items x d multiply-adds per step; chunked, ``models.architectures.full_softmax``);
 - ``sampled``: softmax over the positive and ``num_negatives`` items drawn uniformly, shared by the batch
   (uniform sampling needs no log-q correction; a sampled negative equal to the target is masked);
 - ``bce``: SASRec's loss, binary cross-entropy of the positive and one uniform negative per position.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from models.architectures.full_softmax import full_softmax_loss
 from models.architectures.sampled_softmax import sampled_softmax_loss
 from models.config import NEXT_ITEM_LOSSES, NextItemConfig
 from models.sequential.data import TrainPairs
@@ -33,7 +34,7 @@ def next_item_loss(model, batch: TrainPairs, loss: str, num_negatives: int) -> t
     query = model.query(states[batch.sources])
     targets = batch.targets
     if loss == "full":
-        return F.cross_entropy(query @ model.item_vectors().T, targets)
+        return full_softmax_loss(query, model.item_vectors(), targets)
     catalog = model.num_items
     if loss == "sampled":
         negatives = torch.randint(0, catalog, (num_negatives,), device=query.device)
