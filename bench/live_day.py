@@ -106,7 +106,7 @@ def main() -> None:
         "--list-events",
         type=int,
         default=0,
-        help="the collector's online list length (default: the platform's, features.schema.RECENT_EVENTS)",
+        help="the collector's online list length (default: the platform's, features.schema.ONLINE_LIST_EVENTS)",
     )
     ap.add_argument("--port", type=int, default=18480, help="ranker port (the collector takes port + 10)")
     ap.add_argument("--json", type=Path, default=None, help="the report (default <workspace>/live_day.json)")

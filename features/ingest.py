@@ -49,7 +49,7 @@ from features.ingestion.offline import (
 )
 from features.ingestion.online import publish_online
 from features.ingestion.raw import TABLES, read_raw
-from features.schema import RECENT_EVENTS
+from features.schema import ONLINE_LIST_EVENTS
 from features.spark.session import SparkConfig, check_engine
 from gemflow.config import save_config, to_dict
 from gemflow.workspace import Workspace
@@ -63,7 +63,7 @@ ONLINE_WRITERS = ("fast", "feast")
 class IngestConfig:
     feature_store: FeatureStoreConfig = field(default_factory=FeatureStoreConfig)
     gate: dict[str, Any] = field(default_factory=dict)  # GateConfig overrides, e.g. gate.max_failure_rate=0.1
-    recent_events: int = RECENT_EVENTS  # length of the recent-events lists
+    recent_events: int = ONLINE_LIST_EVENTS  # length of the recent-events lists
     lookback_days: int = max(STATS_WINDOWS)  # history read for ad stats and recent events
     refresh_later_days: bool = True  # recompute derived tables of later ingested days whose window holds D
     materialize: bool = True

@@ -69,8 +69,11 @@ SCHEMAS: dict[str, pa.Schema] = {"events": EVENTS_SCHEMA, "users": USERS_SCHEMA,
 
 # Fields of one history event as the models read it (jagged per user, sorted by ts).
 HISTORY_FIELDS: tuple[str, ...] = ("ad_id", "action", "surface", "category_id", "advertiser_id", "ts")
-# The fresh-signal window the online ranker reads from the online store.
-RECENT_EVENTS = 64
+# Length of each user's recent-events list in the online store (``user_recent_events``). Longer than the ranker's
+# window (``ranker.recent_events``, 64): events newer than the ranker's fresh cutoff already sit in the list when it
+# is read and serving skips them, so the list needs room for what a user does within the push delay
+# (docs/train-serve.md: with lists of 64 most live-day rows were cut short, with 128 none).
+ONLINE_LIST_EVENTS = 128
 
 # Defect classes the generator can inject and the validation gate must catch (one reason each).
 DEFECTS: tuple[str, ...] = (

@@ -25,7 +25,7 @@ from features.feature_repo.tables import (
     USER_PROFILE,
     stats_column,
 )
-from features.schema import ACTION_ID, ACTIONS, GENDERS, RECENT_EVENTS, SURFACE_ID, SURFACES
+from features.schema import ACTION_ID, ACTIONS, GENDERS, ONLINE_LIST_EVENTS, SURFACE_ID, SURFACES
 from gemflow.workspace import Workspace
 
 EPOCH = pd.Timestamp("1970-01-01", tz="UTC")
@@ -128,7 +128,7 @@ def ad_stats_table(events: pd.DataFrame, ad_ids: np.ndarray, day: dt.date) -> pa
     return _stamped(frame, pd.DatetimeIndex([day_end(day)]).repeat(len(ids)).array, AD_STATS)
 
 
-def recent_events_table(events: pd.DataFrame, day: dt.date, n: int = RECENT_EVENTS) -> pa.Table:
+def recent_events_table(events: pd.DataFrame, day: dt.date, n: int = ONLINE_LIST_EVENTS) -> pa.Table:
     """The last ``n`` events (oldest first) of every user active on ``day``, as of the day's end.
 
     ``events``: ``read_events`` of a look-back window ending at ``day``. The list is ``features.recent_events``'s

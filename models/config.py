@@ -58,7 +58,7 @@ class RankerConfig:
     num_layers: int = 2  # stacked target-aware blocks
     num_heads: int = 4
     dropout: float = 0.0
-    recent_events: int = 64  # fresh events read at request time (features.schema.RECENT_EVENTS)
+    recent_events: int = 64  # fresh events read at request time (<= features.schema.ONLINE_LIST_EVENTS)
     # Fresh events count only once older than this many seconds (``models.architectures.transforms.fresh_cutoff``), in
     # training as in serving: the event path's visibility budget (its p99 is under 1 s).
     fresh_delay_s: int = 1

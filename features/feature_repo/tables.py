@@ -10,7 +10,7 @@ Every table carries ``event_timestamp`` (when the row became true: the "as of" t
     ad_serving          ad_id, ad_paused, ad_surfaces (bit i: may show on SURFACES[i]): where an ad may be
                         served, read by retrieval's eligibility filter; not a Feast view (the ranker's dense
                         features are every numeric column of its views, and these are not features)
-    user_recent_events  user_id, the last RECENT_EVENTS events in time order (oldest first):
+    user_recent_events  user_id, the last ONLINE_LIST_EVENTS events in time order (oldest first):
                         recent_ad_ids, recent_actions, recent_category_ids, recent_ts (int64 seconds),
                         recent_time_gaps (float32 seconds from each event to the row's event_timestamp),
                         recent_surfaces (SURFACES ids), recent_advertiser_ids, and each event's identity

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from features.feature_repo import FeatureStoreConfig
-from features.schema import RECENT_EVENTS
+from features.schema import ONLINE_LIST_EVENTS
 from serving.config import ConnectionConfig
 
 
@@ -24,7 +24,7 @@ class EventsConfig:
     host: str = "127.0.0.1"  # 0.0.0.0 only inside a pod
     port: int = 8090
     log_path: str = ""  # the durable event log (SQLite); "" = <workspace>/events/events.db
-    recent_events: int = RECENT_EVENTS  # length of the online lists (the daily ingest's ``recent_events``)
+    recent_events: int = ONLINE_LIST_EVENTS  # the online lists' length (the ingest's ``recent_events``)
     # the writer gathers requests this long before one commit (one fsync) + one online write: a write costs ~6 ms
     # of CPU whatever its size, so 20 ms keeps it under a third of a core and well inside the 1 s visibility goal
     group_window_ms: float = 20.0

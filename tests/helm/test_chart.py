@@ -627,7 +627,7 @@ def test_event_path_runs_with_autoscaling_probes_a_durable_log_and_its_token_fro
                 params = serve.make_context("serve", args[2:], parent=events_ctx).params
         cfg = config(EventsConfig, params["cfg_path"], params["overrides"], host=params["host"], port=params["port"])
         assert cfg.host == "0.0.0.0" and cfg.port == 8090 and cfg.log_path == "/var/lib/gemflow-events/events.db"
-        assert cfg.recent_events == 64 and cfg.limits.max_batch_events == 1000
+        assert cfg.recent_events == 128 and cfg.limits.max_batch_events == 1000
         assert container["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
         assert container["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
         env = {e["name"]: e for e in container["env"]}
