@@ -393,6 +393,9 @@ def main() -> None:
     overrides = parse_overrides(args.set)
     title = args.title or Path(args.training_set).name
     command = "bench/sequential.py " + " ".join(sys.argv[1:])
+    from gemflow.malloc import keep_freed_memory
+
+    keep_freed_memory()  # as `gemflow train` does: each step's catalog-sized tensors reuse mapped memory
     if args.profile:
         rows = run_seed(args, seeds[0], overrides)
         if args.json:
