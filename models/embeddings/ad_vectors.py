@@ -75,12 +75,18 @@ def _check_next_item(bundle: ModelBundle) -> None:
         )
 
 
+def _in_eval(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode, switched only when it is not: ``eval()`` walks every module (~1 ms a call, a third
+    of a fresh query's cost at request time)."""
+    return model.eval() if model.training else model
+
+
 @torch.inference_mode()
 def ad_vectors(bundle: ModelBundle, version: str) -> AdVectors:
     """Every ad the model knows -> its item vector (id row + category, advertiser and attribute tokens where the
     model reads item attributes): the very vectors its next-item score multiplies."""
     _check_next_item(bundle)
-    model = bundle.model.eval()
+    model = _in_eval(bundle.model)
     vocab = bundle.vocabularies.get("ad_id")
     ad_ids = vocab.ids if vocab is not None else np.arange(model.num_items, dtype=np.int64)
     rows = vocab.map(ad_ids) if vocab is not None else ad_ids
@@ -93,7 +99,7 @@ def user_queries(bundle: ModelBundle, history: Events, user_id: torch.Tensor) ->
     """(B, d) float32 next-item queries: the state after each user's last event (already mapped to the model's
     rows, ``models.embeddings.sequences.model_inputs``). A user without history gets zeros (every ad ties)."""
     _check_next_item(bundle)
-    model = bundle.model.eval()
+    model = _in_eval(bundle.model)
     states = model.sequence_states(history, user_id)
     if not len(states):
         return np.zeros((history.batch_size, bundle.cfg.d_model), np.float32)
