@@ -7,6 +7,8 @@
              with ``scoring.processes`` > 0, a scoring worker process (``serving.scoring_processes``): the event
              loop keeps parsing and reading the next requests while torch (which releases the GIL in its
              kernels) scores this one
+             a request without candidates retrieves them after the read, where it is scored: its query comes
+             from the events that read returned (one read serves both; ``serving.retrieval``)
     result   ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy arrays)
 
 Deadlines: work whose deadline has passed is cancelled, not finished: a queued job never starts, a running one

@@ -100,11 +100,13 @@ class Snapshot:
 
 
 def source_key(folder: Path) -> str:
-    """The refresh folder, its current index build and its recorded user model: a new build or a re-run of the
-    refresh with another model is a new source."""
+    """The refresh folder, its current index build and its files' versions: a new build, or a re-run of the refresh
+    (its vectors rewritten, its model recorded again), is a new source."""
     built = current_index(folder)
     record = read_user_model_record(folder)
-    return f"{folder}#{built.name if built else 'built-here'}#{record.model_version if record else '-'}"
+    written = [(folder / name).stat().st_mtime_ns if (folder / name).exists() else 0
+               for name in (AD_VECTOR_FILE, USER_QUERY_FILE)]  # fmt: skip
+    return f"{folder}#{built.name if built else 'built-here'}#{record.model_version if record else '-'}#{written}"
 
 
 def build_snapshot(

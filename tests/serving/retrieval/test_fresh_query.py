@@ -199,6 +199,9 @@ def test_a_recorded_model_of_another_version_is_refused_and_counted(ws, landed):
     with pytest.raises(RuntimeError, match="query from user model 'local/v2'"):
         snap.index.search(snap.queries.lookup(USERS[0]), "local/v2", 3)
     assert mismatches() == before + 3
+    # a re-run of the refresh with v2 (its record lands first, as above): once its vectors are written, it serves
+    refresh_embeddings(ws, RefreshConfig(date=DAYS[-1].isoformat(), model_uri=v2, active_days=0))
+    assert svc.load() and svc.current.version == svc.current.query_model.version == "local/v2"
 
 
 def test_every_reason_the_fresh_query_is_not_used_is_named(ws, landed):
@@ -310,3 +313,38 @@ def test_the_answer_says_which_query_was_used_and_the_server_counts_them(fresh_s
     counted = body["stats"]["retrieval"]
     assert counted["queries"] == {"fresh": 2, "cached": 1, "cold_start": 1}
     assert counted["query_fallbacks"] == {"no_events": 2} and counted["version_mismatches"] == 0
+
+
+@pytest.mark.integration  # a spawned scoring worker process
+def test_scoring_processes_retrieve_with_the_same_fresh_query(world, world_folder):
+    """With ``scoring.processes`` the read happens in the server process, retrieval there too (one read): the same
+    fresh query and candidates as the threads."""
+    import asyncio
+    import time
+
+    from gemflow.commands.common import config
+    from serving.config import ServingConfig
+    from serving.predictor import RankerPredictor
+    from serving.schema import parse_request
+    from tests.serving.conftest import SERVER_SETTINGS
+    from tests.serving.world import REQUEST_TS as WORLD_TS
+
+    _, ads, cached = world_folder
+    settings = [*SERVER_SETTINGS, "scoring.processes=1", "retrieval.enabled=true", "retrieval.index.kind=exact",
+                f"retrieval.folder={world_folder[0]}"]  # fmt: skip
+    predictor = RankerPredictor(
+        config(ServingConfig, None, settings, model_uri=str(world.model_path)), world.ws
+    )
+    assert predictor.load()
+    try:
+        body = {"user_id": 3, "retrieve": {"k": 10}, "context": {"request_ts": float(WORLD_TS)}}
+        req = parse_request(body, 50, None, (20, 40))
+        with asyncio.Runner() as runner:
+            result = runner.run(predictor.answer(req, time.monotonic() + 30))
+    finally:
+        predictor.stop()
+    ret = result["retrieval"]
+    assert (ret["query"], ret["query_events"]) == ("fresh", len(world.recent[3]))
+    top = ads.ad_ids[np.argsort(-(ads.vectors @ cached[3]))[:10]]
+    assert set(result["ad_ids"].tolist()) == set(top.tolist())
+    assert sorted(result["retrieval_rank"]) == list(range(10))
