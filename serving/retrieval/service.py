@@ -44,7 +44,7 @@ from serving.retrieval.config import IndexConfig, RetrievalConfig
 from serving.retrieval.eligibility import AdFilter, OfflineEligibility
 from serving.retrieval.index import AdIndex, Retrieved, build_index
 from serving.retrieval.index_files import current_index, index_meta, load_index
-from serving.retrieval.query import Query, QueryModel, fresh_query, load_query_model
+from serving.retrieval.query import Query, QueryModel, fresh_query, load_query_model, warm_up
 from serving.stats import RETRIEVAL_VERSION_MISMATCH
 from serving.user_features import UserFeatures
 
@@ -150,6 +150,8 @@ def build_snapshot(
             raise SnapshotVersionMismatch(
                 f"{folder}: {record.model_uri} loads as {model.version!r}, the index is {index.model_version!r}"
             )
+        if model is not None:
+            warm_up(model)  # before the swap: no request pays the first query's set-up
     cold = queries.vectors.mean(0) if len(queries.vectors) else np.zeros(index.dim, np.float32)
     snap = Snapshot(index, queries, key, cold.astype(np.float32), query_model=model, no_query_model=why)
     return with_eligibility(snap, eligibility) if eligibility is not None else snap
