@@ -37,7 +37,8 @@ from report import add_record_flag, record  # noqa: E402
 from features.schema import ACTIONS, SURFACES  # noqa: E402
 from models.config import UserModelConfig  # noqa: E402
 from models.embeddings.batching import token_budget_batches  # noqa: E402
-from models.embeddings.refresh import RefreshConfig, UserSequences, encode_parallel, encode_sequences  # noqa: E402
+from models.embeddings.refresh import RefreshConfig, encode_parallel, encode_sequences  # noqa: E402
+from models.embeddings.sequences import UserSequences  # noqa: E402
 from models.inference.bundle import ModelBundle, build_model  # noqa: E402
 from models.training.dense import DenseSpec  # noqa: E402
 from models.training.distributed.mfu import counted_flops, measure_matmul_peak  # noqa: E402

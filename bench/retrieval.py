@@ -5,12 +5,17 @@
     # a trained next-item user model on a leave-one-out set (Sports / Toys): its own ad vectors and test queries
     .venv/bin/python bench/retrieval.py sequential --workspace /tmp/retr/toys --training-set toys \
         --run /tmp/retr/toys/run2 --record
+    # what a request's fresh query costs against the cached one: that model over the workspace's recent lists
+    .venv/bin/python bench/retrieval.py fresh-query --workspace /tmp/retr/toys --run /tmp/retr/toys/run2
 
 Synthetic vectors are unit vectors around 2,000 centres (learned item spaces cluster; uniform noise in 64
 dimensions has no near neighbours and flatters no index). Queries come from the same mixture, scaled by 1 / 0.05
 like the model's (cosine / temperature). Search timings run FAISS on one thread, one query at a time, K = 1,000.
 On ``sequential``: overlap of each index's top-K with the exact top-K, and the held-out test item's hit rate in
-the top K of exact search, of each index and of popularity.
+the top K of exact search, of each index and of popularity. On ``fresh-query``: the query of one request, one
+at a time (``Snapshot.query``, the server's call), fresh (the user model over the user's recent-event list as
+the pipeline wrote it) against cached (a lookup), on ``--torch-threads`` threads; the cached queries are the
+refresh's computation batched over the same lists, so their largest difference to the fresh ones is reported too.
 
 Feast's vector search (``retrieve_online_documents_v2``, sqlite-vec) is reported as unavailable when its SQLite
 store cannot load sqlite-vec in this interpreter (Feast 0.67 loads it on Python 3.10 only).
@@ -229,9 +234,75 @@ def sequential(args) -> list[tuple[str, str]]:
     return rows
 
 
+# ----------------------------------------------------------------------------------------------- fresh query
+def fresh_query_cost(args) -> list[tuple[str, str]]:
+    import pyarrow.parquet as pq
+    import torch
+
+    from features.feature_repo.offline import partition_days
+    from gemflow.workspace import Workspace
+    from models.embeddings.ad_vectors import UserQueries, ad_vectors
+    from models.embeddings.sequences import UserSequences, query_vectors
+    from models.inference.bundle import load_bundle
+    from serving.retrieval.query import EVENT_COLUMNS, QueryModel, fresh_sequence
+    from serving.retrieval.service import Snapshot
+    from serving.user_features import UserFeatures
+
+    torch.set_num_threads(args.torch_threads)
+    faiss.omp_set_num_threads(1)
+    ws, bundle = Workspace(Path(args.workspace)), load_bundle(args.run)
+    day = partition_days(ws, "offline", "user_recent_events")[-1]
+    table = pq.read_table(ws.offline("user_recent_events", day), columns=["user_id", *EVENT_COLUMNS.values()])
+    picked = table.take(np.random.default_rng(0).permutation(table.num_rows)[: args.queries]).to_pylist()
+    users = np.array([r["user_id"] for r in picked], np.int64)
+    feats = [UserFeatures(None, None, None, {c: np.asarray(r[c], np.int64) for c in EVENT_COLUMNS.values()},
+                          None, None) for r in picked]  # fmt: skip
+    request_ts = float(max(int(f.recent["recent_ts"].max()) for f in feats) + 3600)
+    window = [fresh_sequence(int(u), f.recent, request_ts, bundle.cfg.max_history, 1)
+              for u, f in zip(users, feats, strict=True)]  # fmt: skip
+    lens = np.array([int(w.offsets[-1]) for w in window])
+    batched = UserSequences(users, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                            {f: np.concatenate([w.values[f] for w in window]) for f in window[0].values})  # fmt: skip
+    cached = query_vectors(bundle, batched)  # the refresh's batched computation over the same events
+    order = np.argsort(users)
+    queries = UserQueries(users[order], cached[order], VERSION)
+    index = build_index(ad_vectors(bundle, VERSION), IndexConfig(kind="exact", max_k=args.k))
+    snap = Snapshot(index, queries, "bench", cached.mean(0), query_model=QueryModel(bundle, VERSION))
+    print(f"# {len(users)} users of {args.workspace} ({day}), {len(index):,} ads, d {index.dim}, events per "
+          f"query {lens.mean():.1f} (max {lens.max()}), torch threads {args.torch_threads}", flush=True)  # fmt: skip
+
+    def timed(fresh: bool) -> tuple[np.ndarray, np.ndarray, list]:
+        for u, f in list(zip(users, feats, strict=True))[:5]:  # warm-up (lazy kernels), not timed
+            snap.query(int(u), f, request_ts, 1, fresh)
+        ms, search_ms, out = [], [], []
+        for u, f in zip(users, feats, strict=True):
+            t0 = time.perf_counter()
+            q = snap.query(int(u), f, request_ts, 1, fresh)
+            t1 = time.perf_counter()
+            index.search(q.vector, q.version, args.k)
+            ms.append(1e3 * (t1 - t0))
+            search_ms.append(1e3 * (time.perf_counter() - t1))
+            out.append(q)
+        return np.array(ms), np.array(search_ms), out
+
+    fresh_ms, search_ms, fresh = timed(True)
+    cached_ms, _, looked_up = timed(False)
+    assert {q.kind for q in fresh} == {"fresh"} and {q.kind for q in looked_up} == {"cached"}
+    diff = max(float(np.abs(q.vector - c.vector).max()) for q, c in zip(fresh, looked_up, strict=True))
+    p = lambda a: f"{np.percentile(a, 50):.3f} / {np.percentile(a, 99):.3f} ms"  # noqa: E731
+    return [
+        (f"query per request, fresh (user model over <= {bundle.cfg.max_history} events) p50 / p99", p(fresh_ms)),
+        ("query per request, cached (lookup) p50 / p99", p(cached_ms)),
+        (f"for scale: exact search K {args.k} over {len(index):,} ads p50 / p99", p(search_ms)),
+        ("largest |fresh - cached| over the same events (refresh batched vs one request)", f"{diff:.2e}"),
+        ("users / events per query (mean) / torch threads / load average (1 min)",
+         f"{len(users)} / {lens.mean():.1f} / {args.torch_threads} / {os.getloadavg()[0]:.1f}"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("synthetic", "sequential"))
+    ap.add_argument("mode", choices=("synthetic", "sequential", "fresh-query"))
     ap.add_argument("--ads", type=int, default=1_000_000)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--filtered-queries", type=int, default=50)
@@ -242,17 +313,23 @@ def main() -> None:
     ap.add_argument("--ef-search", default="1200", help="HNSW beams to measure, comma-separated (one build)")
     ap.add_argument("--nprobe", default="48", help="IVF cells probed, comma-separated (one build)")
     ap.add_argument("--build-threads", type=int, default=2)
+    ap.add_argument(
+        "--torch-threads", type=int, default=1, help="fresh-query: the scoring thread's torch threads"
+    )
     ap.add_argument("--workspace", default="")
     ap.add_argument("--training-set", default="")
     ap.add_argument("--run", default="")
     add_record_flag(ap)
     args = ap.parse_args()
-    rows = synthetic(args) if args.mode == "synthetic" else sequential(args)
+    modes = {"synthetic": synthetic, "sequential": sequential, "fresh-query": fresh_query_cost}
+    rows = modes[args.mode](args)
     for figure, value in rows:
         print(f"  {figure}: {value}")
     if args.record:
         key = f"retrieval-{args.mode}-" + (
-            args.training_set if args.mode == "sequential" else args.kinds.replace(",", "-")
+            args.training_set or Path(args.workspace).name
+            if args.mode != "synthetic"
+            else args.kinds.replace(",", "-")
         )
         record(key, f"candidate retrieval, {args.mode} (bench/retrieval.py)", rows)
 

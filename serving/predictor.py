@@ -7,6 +7,8 @@
              with ``scoring.processes`` > 0, a scoring worker process (``serving.scoring_processes``): the event
              loop keeps parsing and reading the next requests while torch (which releases the GIL in its
              kernels) scores this one
+             a request without candidates retrieves them after the read, where it is scored: its query comes
+             from the events that read returned (one read serves both; ``serving.retrieval``)
     result   ranked ad ids with p_click / p_conversion, versions, ad-table as-of, fallback flags (numpy arrays)
 
 Deadlines: work whose deadline has passed is cancelled, not finished: a queued job never starts, a running one
@@ -133,7 +135,8 @@ class RankerPredictor(Model):
             self.ads = AdTable(here, at.refresh_seconds, max_failures=at.max_refresh_failures)
         self.ads.start()
         if self.cfg.retrieval.enabled:
-            self.retrieval = RetrievalService(self.cfg.retrieval, self.ws, OfflineEligibility(self.ws))
+            self.retrieval = RetrievalService(self.cfg.retrieval, self.ws, OfflineEligibility(self.ws),
+                                              self.cfg.tracking_uri)  # fmt: skip
             self.retrieval.start()
         self._warm_up()
         self.ready = True  # the model is loaded: requests are served (degraded if the store is down)
@@ -244,27 +247,28 @@ class RankerPredictor(Model):
         return result
 
     async def _answer(self, req: ParsedRequest, deadline: float, log_features: bool) -> dict:
-        if req.retrieve_k is None:
-            return await self._ranked(req, deadline, log_features)
-        block, order = await self._retrieve(req)
-        result = await self._ranked(req, deadline, log_features)
-        result["retrieval"] = block
-        result["retrieval_rank"] = [order[a] for a in result["ad_ids"].tolist()]  # position before ranking
-        return result
-
-    async def _retrieve(self, req: ParsedRequest) -> tuple[dict, dict[int, int]]:
-        """Fill ``req.candidates`` from the index (on a thread: FAISS releases the GIL while it searches)."""
-        if self.retrieval is None:
+        if req.retrieve_k is not None and self.retrieval is None:
             raise RequestError(
                 "retrieve: this server does not retrieve candidates (retrieval.enabled is off)"
             )
+        return await self._ranked(req, deadline, log_features)
+
+    def _retrieve(self, job: Job) -> tuple[dict, dict[int, int]]:
+        """Fill ``job.req.candidates`` from the index, with the query from the user side ``job`` read (the ranker's
+        read: one per request) under the ranker's cutoff; (the answer's retrieval block, ad -> retrieval position).
+        Runs where the request is scored (a reading or scoring thread: FAISS and torch release the GIL)."""
+        job.check()
         t0 = time.perf_counter()
+        req = job.req
+        if req.request_ts is None:  # one clock for the query's events and the ranker's
+            req.request_ts = time.time()
         flt = AdFilter(SURFACES[req.surface], req.exclude_advertisers)
-        hits, cold = await asyncio.to_thread(self.retrieval.retrieve, req.user_id, req.retrieve_k, flt)
+        hits, query = self.retrieval.retrieve(req.user_id, req.retrieve_k, flt, job.feats, req.request_ts,
+                                              self.served.cfg.fresh_delay_s)  # fmt: skip
         if not len(hits.ad_ids):
             raise RequestError(f"retrieve: no ad is eligible ({hits.short_of_k})")
         req.candidates = hits.ad_ids
-        return retrieval_block(hits, cold, 1e3 * (time.perf_counter() - t0)), {
+        return retrieval_block(hits, query, 1e3 * (time.perf_counter() - t0)), {
             int(a): i for i, a in enumerate(hits.ad_ids.tolist())
         }
 
@@ -283,7 +287,9 @@ class RankerPredictor(Model):
         job = Job(req, feats, problem, started, 1e3 * (time.perf_counter() - started), deadline,
                   log_features=log_features)  # fmt: skip
         job.check()
-        return await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
+        retrieved = None if req.retrieve_k is None else await asyncio.to_thread(self._retrieve, job)
+        result = await self._processes.rank(job, self.ad_arrays(), self.ads.loaded)
+        return with_retrieval(result, retrieved)
 
     def inline_answers(self) -> int:
         """Requests read and scored on the event loop (``scoring.inline``) since the start."""
@@ -297,6 +303,8 @@ class RankerPredictor(Model):
             self.stats.version_mismatch()
         for reason in fb["reasons"]:
             self.stats.fallback(reason)
+        if "retrieval" in result:
+            self.stats.retrieval_query(result["retrieval"]["query"], result["retrieval"]["query_fallback"])
         self.stats.request("degraded" if fb["degraded"] else "ok")
 
     async def predict(self, payload, headers=None):
@@ -318,5 +326,16 @@ class RankerPredictor(Model):
         return {"predictions": [result]} if req.wrapped else result
 
     def rank(self, job: Job) -> dict:
-        """The scoring of one request (on a reading or scoring thread, ``serving.scoring_threads``)."""
-        return self.scorer.rank(job, self.ad_arrays(), self.ads.loaded)
+        """The retrieval (requests without candidates) and scoring of one request (on a reading or scoring thread,
+        ``serving.scoring_threads``)."""
+        retrieved = None if job.req.retrieve_k is None else self._retrieve(job)
+        return with_retrieval(self.scorer.rank(job, self.ad_arrays(), self.ads.loaded), retrieved)
+
+
+def with_retrieval(result: dict, retrieved: tuple[dict, dict[int, int]] | None) -> dict:
+    """The ranked answer with what retrieval found: its block, and each ad's position before ranking."""
+    if retrieved is not None:
+        block, order = retrieved
+        result["retrieval"] = block
+        result["retrieval_rank"] = [order[a] for a in result["ad_ids"].tolist()]
+    return result

@@ -25,6 +25,16 @@ RETRIEVAL_VERSION_MISMATCH = PromCounter(
     "gemflow_retrieval_version_mismatch",
     "Retrieval queries refused: the index holds another user-model version",
 )
+RETRIEVAL_QUERIES = PromCounter(
+    "gemflow_retrieval_queries",
+    "Retrieval queries of answered requests by kind (fresh, cached, cold_start)",
+    ["query"],
+)
+RETRIEVAL_QUERY_FALLBACKS = PromCounter(
+    "gemflow_retrieval_query_fallbacks",
+    "Answered retrieval requests whose fresh query could not be computed, by reason (serving.retrieval.query)",
+    ["reason"],
+)
 UNKNOWN_ADS = PromCounter("gemflow_ranker_unknown_ads", "Candidates missing from the in-process ad table")
 RESPONSES = PromCounter(
     "gemflow_ranker_http_responses",
@@ -130,6 +140,11 @@ class ServingStats:
     def version_mismatch(self) -> None:
         VERSION_MISMATCH.inc()
 
+    def retrieval_query(self, kind: str, fallback: str | None) -> None:
+        RETRIEVAL_QUERIES.labels(query=kind).inc()
+        if fallback:
+            RETRIEVAL_QUERY_FALLBACKS.labels(reason=fallback).inc()
+
     def unknown(self, count: int) -> None:
         if count:
             UNKNOWN_ADS.inc(count)
@@ -138,7 +153,7 @@ class ServingStats:
         """The whole server's counts, read back from the metrics."""
         samples: dict[str, list] = {}
         for family in registry().collect():
-            if family.name.startswith("gemflow_ranker_"):
+            if family.name.startswith(("gemflow_ranker_", "gemflow_retrieval_")):
                 samples[family.name] = [s for s in family.samples if not s.name.endswith("_created")]
 
         def by(
@@ -166,6 +181,11 @@ class ServingStats:
             "feature_store_up": bool(one("gemflow_ranker_feature_store_up")),
             "answered": int(one("gemflow_ranker_answered")),
             "phase_ms_sum": {k: round(v, 3) for k, v in by("gemflow_ranker_phase_ms", "phase").items()},
+            "retrieval": {
+                "queries": count("gemflow_retrieval_queries", "query"),
+                "query_fallbacks": count("gemflow_retrieval_query_fallbacks", "reason"),
+                "version_mismatches": int(one("gemflow_retrieval_version_mismatch")),
+            },
         }
 
     def model_stats(self, name: str, version: str) -> dict:

@@ -119,8 +119,25 @@ class UserModel(nn.Module):
         return torch.sparse.mm(self.item_attribute_matrix, self.attributes.weight)
 
     def attribute_tokens(self, ad_id: torch.Tensor) -> torch.Tensor:
-        table = self.attribute_table()
+        inference = not self.training and not torch.is_grad_enabled()
+        table = self.frozen_attribute_table() if inference else self.attribute_table()
         return F.embedding(ad_id.clamp(0, table.shape[0] - 1), table)
+
+    def frozen_attribute_table(self) -> torch.Tensor:
+        """``attribute_table()`` kept while the attribute weights stay the same (their storage and version): a
+        request's fresh retrieval query reads a few events, and the table is a matmul over the whole catalog
+        (1.9 of 2.5 ms per query on Toys). Costs one (num_ads, d) table of memory, like the ad vectors."""
+        weight = self.attributes.weight
+        key = (weight.data_ptr(), weight._version)
+        cached = self.__dict__.get("_frozen_attributes")
+        if cached is None or cached[0] != key:
+            with (
+                torch.inference_mode(False),
+                torch.no_grad(),
+            ):  # a plain tensor: usable in and out of inference
+                cached = (key, self.attribute_table())
+            self.__dict__["_frozen_attributes"] = cached  # not a module attribute: never in the state dict
+        return cached[1]
 
     def sequence_states(self, history: Events, user_id: torch.Tensor) -> torch.Tensor:
         """(total, d) what the user looks like right after each event (causal: events <= itself only)."""

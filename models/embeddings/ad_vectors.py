@@ -7,13 +7,16 @@ user-model version that computed them (``gem-user-model/3``, as the cached user 
 
 Written by the embedding refresh next to the user embeddings, one folder per day and version:
 ``ws.offline("retrieval", D)/ad_vectors.parquet`` (ad_id, vector, model_version) and ``user_queries.parquet``
-(user_id, vector, model_version: each active user's query as of the end of D), read by ``serving.retrieval``.
+(user_id, vector, model_version: each active user's query as of the end of D), and ``user_model.json``: the
+model version and pinned URI that computed both, which the server loads to compute a request's fresh query
+(``serving.retrieval.query``). All read by ``serving.retrieval``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ from models.training.batch import Events
 RETRIEVAL_TABLE = "retrieval"
 AD_VECTOR_FILE = "ad_vectors.parquet"
 USER_QUERY_FILE = "user_queries.parquet"
+USER_MODEL_FILE = "user_model.json"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,14 @@ class UserQueries(AdVectors):
         return self.vectors[at] if at < len(self.ad_ids) and self.ad_ids[at] == user_id else None
 
 
+@dataclass(frozen=True)
+class UserModelRecord:
+    """Which user model computed a retrieval folder's vectors."""
+
+    model_version: str  # what the vectors carry: "gem-user-model/3" or "local/<run>"
+    model_uri: str  # pinned: models:/NAME/VERSION (never an alias) or the model file's absolute path
+
+
 def _check_next_item(bundle: ModelBundle) -> None:
     if bundle.kind != "user" or getattr(bundle.cfg, "objective", "") != "next_item":
         raise ValueError(
@@ -63,12 +75,18 @@ def _check_next_item(bundle: ModelBundle) -> None:
         )
 
 
+def _in_eval(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode, switched only when it is not: ``eval()`` walks every module (~1 ms a call, a third
+    of a fresh query's cost at request time)."""
+    return model.eval() if model.training else model
+
+
 @torch.inference_mode()
 def ad_vectors(bundle: ModelBundle, version: str) -> AdVectors:
     """Every ad the model knows -> its item vector (id row + category, advertiser and attribute tokens where the
     model reads item attributes): the very vectors its next-item score multiplies."""
     _check_next_item(bundle)
-    model = bundle.model.eval()
+    model = _in_eval(bundle.model)
     vocab = bundle.vocabularies.get("ad_id")
     ad_ids = vocab.ids if vocab is not None else np.arange(model.num_items, dtype=np.int64)
     rows = vocab.map(ad_ids) if vocab is not None else ad_ids
@@ -79,9 +97,9 @@ def ad_vectors(bundle: ModelBundle, version: str) -> AdVectors:
 @torch.inference_mode()
 def user_queries(bundle: ModelBundle, history: Events, user_id: torch.Tensor) -> np.ndarray:
     """(B, d) float32 next-item queries: the state after each user's last event (already mapped to the model's
-    rows, ``models.embeddings.refresh.model_inputs``). A user without history gets zeros (every ad ties)."""
+    rows, ``models.embeddings.sequences.model_inputs``). A user without history gets zeros (every ad ties)."""
     _check_next_item(bundle)
-    model = bundle.model.eval()
+    model = _in_eval(bundle.model)
     states = model.sequence_states(history, user_id)
     if not len(states):
         return np.zeros((history.batch_size, bundle.cfg.d_model), np.float32)
@@ -126,3 +144,20 @@ def read_ad_vectors(path: Path, name: str = AD_VECTOR_FILE) -> AdVectors:
     if "user_id" in table.column_names:
         return UserQueries(table.column("user_id").to_numpy().astype(np.int64), vectors, versions.pop())
     return AdVectors(table.column("ad_id").to_numpy().astype(np.int64), vectors, versions.pop())
+
+
+def write_user_model_record(folder: Path, record: UserModelRecord) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path, tmp = folder / USER_MODEL_FILE, folder / f".{USER_MODEL_FILE}.tmp"
+    tmp.write_text(json.dumps(asdict(record), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def read_user_model_record(folder: Path) -> UserModelRecord | None:
+    """None for a folder without one (written before the record existed, or by hand)."""
+    path = folder / USER_MODEL_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return UserModelRecord(str(data["model_version"]), str(data["model_uri"]))

@@ -23,7 +23,7 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,24 +35,24 @@ from tqdm import tqdm
 from features.feature_repo import FeatureStoreConfig
 from features.feature_repo.offline import day_end, partition_days, write_partition
 from features.feature_repo.tables import CREATED_TS, EVENT_TS, USER_EMBEDDING
-from features.histories import Histories, build_histories
+from features.histories import build_histories
 from features.schema import HISTORY_FIELDS
 from features.stats import read_events
 from gemflow.config import save_config, to_dict
 from gemflow.malloc import huge_pages
 from gemflow.workspace import Workspace
-from models.architectures.transforms import lengths, previous_gaps, time_bucket
 from models.embeddings.ad_vectors import (
     RETRIEVAL_TABLE,
     USER_QUERY_FILE,
+    UserModelRecord,
     UserQueries,
     ad_vectors,
-    user_queries,
     write_ad_vectors,
+    write_user_model_record,
 )
 from models.embeddings.batching import shard_by_tokens, token_budget_batches
+from models.embeddings.sequences import UserSequences, model_inputs, query_vectors
 from models.inference.bundle import ModelBundle, load_bundle, save_bundle
-from models.training.batch import Events
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ def load_champion(model_uri: str, tracking_uri: str = "", ws: Workspace | None =
         if not path.exists():
             raise FileNotFoundError(f"{model_uri!r} is neither a models:/ URI nor an existing model.pt")
         bundle = load_local(path)
-        return _checked(Champion(bundle, f"local/{bundle.version or path.resolve().parent.name}", str(path)))
+        version = f"local/{bundle.version or path.resolve().parent.name}"
+        return _checked(Champion(bundle, version, str(path.resolve())))  # absolute: the server loads it too
     match = MODEL_URI.match(model_uri)
     if not match:
         raise ValueError(f"model URI {model_uri!r} must look like models:/NAME@ALIAS or models:/NAME/VERSION")
@@ -145,40 +146,6 @@ def _checked(champion: Champion) -> Champion:
 
 
 # ----------------------------------------------------------------------------------------------- histories
-@dataclass
-class UserSequences:
-    """Each user's most recent events, flat (values + offsets), the unit the refresh encodes."""
-
-    user_ids: np.ndarray  # (U,) int64
-    offsets: np.ndarray  # (U + 1,) int64
-    values: dict[str, np.ndarray]  # HISTORY_FIELDS -> (offsets[-1],) int64, ts in seconds
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return lengths(self.offsets)
-
-    def take(self, rows: np.ndarray, last: int | None = None) -> UserSequences:
-        """The users ``rows`` (in that order), each cut to its ``last`` most recent events."""
-        rows = np.asarray(rows, np.int64)
-        end = self.offsets[rows + 1]
-        start = self.offsets[rows] if last is None else np.maximum(self.offsets[rows], end - last)
-        lens = end - start
-        offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        idx = np.repeat(start - offsets[:-1], lens) + np.arange(offsets[-1])
-        return UserSequences(self.user_ids[rows], offsets, {f: v[idx] for f, v in self.values.items()})
-
-    def events(self, num_buckets: int) -> Events:
-        """The user model's input: each event's gap to the one before it (``gap_to="previous"``, as trained)."""
-        gap = time_bucket(previous_gaps(self.values["ts"], self.offsets), num_buckets)
-        t = {f: torch.from_numpy(np.ascontiguousarray(self.values[f])) for f in HISTORY_FIELDS}
-        return Events(**t, gap_bucket=torch.from_numpy(gap), offsets=torch.from_numpy(self.offsets))
-
-    @classmethod
-    def from_histories(cls, h: Histories) -> UserSequences:
-        return cls(h.user_ids, h.offsets, h.values)
-
-
 def refresh_day(ws: Workspace, date: str) -> dt.date:
     days = partition_days(ws, "offline", "events")
     if not days:
@@ -215,14 +182,6 @@ def active_sequences(ws: Workspace, day: dt.date, cfg: RefreshConfig, max_histor
 
 
 # ----------------------------------------------------------------------------------------------- encoding
-def model_inputs(bundle: ModelBundle, history: Events, user_ids: np.ndarray) -> tuple[Events, torch.Tensor]:
-    """Raw ad / user ids -> the rows of the model's tables, by its vocabularies (as training mapped them)."""
-    ad, user = bundle.vocabularies.get("ad_id"), bundle.vocabularies.get("user_id")
-    if ad is not None:
-        history = replace(history, ad_id=torch.from_numpy(ad.map(history.ad_id.numpy())))
-    return history, torch.from_numpy(user.map(user_ids) if user is not None else user_ids)
-
-
 @torch.inference_mode()
 def encode_sequences(
     bundle: ModelBundle, seqs: UserSequences, cfg: RefreshConfig, *, desc: str | None = "embed users"
@@ -315,18 +274,17 @@ def write_retrieval_vectors(
     ws: Workspace, day: dt.date, champion: Champion, seqs: UserSequences, cfg: RefreshConfig
 ) -> Path | None:
     """The champion's ad vectors and every refreshed user's query for retrieval (``models.embeddings.ad_vectors``),
-    versioned as the embeddings are; None for a user model without a next-item head (nothing to retrieve with).
-    The queries take a second pass over the histories (the embeddings' pass keeps only the summary tokens)."""
+    versioned as the embeddings are, and the pinned model that computed them (``user_model.json``); None for a user
+    model without a next-item head (nothing to retrieve with). The queries take a second pass over the histories
+    (the embeddings' pass keeps only the summary tokens)."""
     bundle = champion.bundle
     if getattr(bundle.cfg, "objective", "") != "next_item":
         return None
-    out = np.zeros((len(seqs.user_ids), bundle.cfg.d_model), np.float32)
-    for rows in token_budget_batches(seqs.lengths, cfg.token_budget, cfg.max_users_per_batch):
-        batch = seqs.take(rows)
-        history, user_id = model_inputs(bundle, batch.events(bundle.cfg.time_buckets), batch.user_ids)
-        out[rows] = user_queries(bundle, history, user_id)
+    out = query_vectors(bundle, seqs, cfg.token_budget, cfg.max_users_per_batch)
     order = np.argsort(seqs.user_ids, kind="stable")
     folder = ws.offline(RETRIEVAL_TABLE, day)
+    # first: a server that finds the ad vectors finds the model that computed them (its fresh queries' model)
+    write_user_model_record(folder, UserModelRecord(champion.version, champion.uri))
     queries = UserQueries(seqs.user_ids[order].astype(np.int64), out[order], champion.version)
     write_ad_vectors(folder, queries, day, USER_QUERY_FILE)
     return write_ad_vectors(folder, ad_vectors(bundle, champion.version), day)

@@ -40,6 +40,9 @@ class RetrievalConfig:
     enabled: bool = False
     folder: str = ""  # a folder with ad_vectors.parquet + user_queries.parquet; "" = the newest refresh's
     reload_seconds: float = 0.0  # look for a newer refresh this often; 0 = load once at start
+    # the query from the user model over the events the request read (else the refresh's cached query): the
+    # server loads the user model the refresh folder records (serving.retrieval.query)
+    fresh_query: bool = True
     # FAISS (OpenMP) threads per search: one query is too small to split, and spinning OpenMP workers beside the
     # scoring threads slowed an exact 20k-ad search ~20x on a loaded 2-core machine (bench/retrieval_http.py)
     search_threads: int = 1

@@ -589,7 +589,7 @@ def test_ranker_arguments_parse_with_gemflow_serve(rendered):
         assert cfg.feature_store.online_store == "redis"
         assert cfg.feature_store.redis_connection.endswith(":6379,password=r3d1s")
         ret = cfg.retrieval  # retrieve -> rank: built from the workspace's newest refresh, reloaded
-        assert ret.enabled and ret.reload_seconds == 300 and ret.folder == ""
+        assert ret.enabled and ret.reload_seconds == 300 and ret.folder == "" and ret.fresh_query
         assert (ret.index.kind, ret.index.default_k, ret.index.max_k) == ("auto", 1000, 5000)
 
 

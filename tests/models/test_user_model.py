@@ -124,3 +124,32 @@ def test_a_user_day_scored_at_once_equals_each_impression_alone():
     alone = predict(model, builder, rows, batch_size=1)  # every impression encodes its own copy
     assert builder(rows).history.batch_size < len(rows)
     np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_the_attribute_table_is_reused_at_inference_and_recomputed_when_its_weights_change():
+    from models.sequential.data import ItemAttributes
+
+    vocab = tiny_set().vocab
+    ads = vocab["ad_id"] + 1  # + the out-of-vocabulary row
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 4, ads)
+    values = np.concatenate(
+        [np.sort(rng.choice(9, c, replace=False)) for c in counts]
+    )  # distinct, sorted per ad
+    items = ItemAttributes(torch.from_numpy(values), torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])),
+                           torch.zeros(ads, dtype=torch.int64), torch.zeros(ads, dtype=torch.int64))  # fmt: skip
+    cfg = tiny_user_config(objective="next_item", item_attributes="all", embedding_init="normal")
+    model = UserModel(cfg, vocab, len(tiny_dense().columns), items).eval()
+    ids = torch.tensor([0, 3, 3, ads - 2])
+    with torch.inference_mode():
+        first = model.frozen_attribute_table()
+        assert model.frozen_attribute_table() is first  # reused, not recomputed
+        torch.testing.assert_close(model.attribute_tokens(ids), model.attribute_table()[ids])
+    with torch.no_grad():
+        model.attributes.weight.mul_(2.0)  # an optimizer step, a load_state_dict: in place
+    with torch.inference_mode():
+        torch.testing.assert_close(model.attribute_tokens(ids), model.attribute_table()[ids])
+        torch.testing.assert_close(model.frozen_attribute_table(), 2.0 * first)
+    model.train()  # training reads the table it differentiates
+    model.attribute_tokens(ids).sum().backward()
+    assert model.attributes.weight.grad is not None and model.attributes.weight.grad.abs().sum() > 0

@@ -18,7 +18,7 @@ from features.vocabulary import OOV, VocabularyConfig, save_vocabularies, text_i
 from gemflow.config import load_config
 from gemflow.workspace import Workspace
 from models.config import TrainRunConfig
-from models.embeddings.refresh import model_inputs
+from models.embeddings.sequences import model_inputs
 from models.inference.bundle import load_bundle, predict
 from models.tracking.registry.flat import to_frame, to_training_set
 from models.tracking.registry.scoring import batch_builder

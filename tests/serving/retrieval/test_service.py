@@ -46,8 +46,9 @@ def test_the_newest_refresh_is_loaded_and_a_newer_one_swapped_in(tmp_path):
     assert not service.load()  # the same folder: nothing rebuilt
     write_refresh(ws.offline(RETRIEVAL_TABLE, dt.date(2026, 3, 2)), "user-model/4", 10_000, 1)
     assert service.load() and service.current.version == "user-model/4" and service.swaps == 2
-    hits, cold = service.retrieve(3, 5, AdFilter())
-    assert (hits.ad_ids >= 10_000).all() and hits.model_version == "user-model/4" and not cold
+    hits, query = service.retrieve(3, 5, AdFilter())
+    assert (hits.ad_ids >= 10_000).all() and hits.model_version == "user-model/4"
+    assert (query.kind, query.fallback) == ("cached", "no_model")  # the folder records no user model
 
 
 def test_a_swap_under_load_answers_every_search_from_one_complete_index(tmp_path):
