@@ -4,7 +4,7 @@
   with the snapshot) over the user's recent events as the request read them for the ranker (one online read per
   request): the events older than the ranker's ``fresh_cutoff`` (``serving.inputs.fresh_window``), the newest
   ``max_history`` of them, through ``models.embeddings.sequences.query_vectors``, the refresh's own computation.
-  The online list holds a user's newest ``features.schema.RECENT_EVENTS`` events: a model with a longer window
+  The online list holds a user's newest ``features.schema.ONLINE_LIST_EVENTS`` events: a model with a longer window
   reads that many (the answer says how many: ``query_events``).
 - **cached**: the user's query written by the last refresh (the state at the end of its day).
 - **cold_start**: the catalog's mean user query (a user the refresh has not seen).

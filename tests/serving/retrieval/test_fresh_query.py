@@ -18,7 +18,7 @@ import torch
 from features.feature_repo.offline import day_end
 from features.feature_repo.online_read import online_reader
 from features.recent_events import merge_online
-from features.schema import ACTION_ID, RECENT_EVENTS, SURFACE_ID
+from features.schema import ACTION_ID, ONLINE_LIST_EVENTS, SURFACE_ID
 from features.store import open_store
 from features.training_sets import TrainingSetConfig, build_training_set
 from gemflow.workspace import Workspace
@@ -114,7 +114,8 @@ def test_the_fresh_query_equals_the_refreshs_for_the_same_history(ws, landed):
     assert read_user_model_record(folder(ws)) == UserModelRecord("local/v1", str(landed[1]["v1"].resolve()))
     for user in USERS:
         feats = read_user(ws, user)
-        assert len(feats.recent["recent_ts"]) < RECENT_EVENTS  # the online list is the user's whole history
+        # the online list is the user's whole history
+        assert len(feats.recent["recent_ts"]) < ONLINE_LIST_EVENTS
         query = snap.query(user, feats, REQUEST_TS, DELAY_S, fresh=True)
         assert query.kind == "fresh" and query.fallback is None
         assert query.events == min(len(feats.recent["recent_ts"]), NEXT_ITEM["max_history"])
@@ -135,7 +136,7 @@ def live_event(ws: Workspace, user: int, ad: int, ts: int, event_id: int) -> Non
     new = pd.DataFrame({"user_id": [user], "event_id": [event_id], "ts_us": [ts * 1_000_000], "ad_id": [ad],
                         "action": [ACTION_ID["click"]], "category_id": [category],
                         "surface": [SURFACE_ID["reels"]], "advertiser_id": [advertiser]})  # fmt: skip
-    merge_online(open_store(ws), new, RECENT_EVENTS, ts * 1_000_000)
+    merge_online(open_store(ws), new, ONLINE_LIST_EVENTS, ts * 1_000_000)
 
 
 def test_a_live_event_moves_the_fresh_query_and_the_cached_one_stays(ws):
