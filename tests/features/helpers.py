@@ -105,6 +105,22 @@ def publish_without_gate(ws: Workspace, frames_by_day: dict, cfg=None) -> None:
         publish_online(ws, day, cfg, recent)
 
 
+def landed_days(ws: Workspace, days: list[dt.date], events_per_day: int):
+    """Hand-built days published (``publish_without_gate``) and a training set "vocab" over all of them: the
+    vocabulary the models of the refresh and retrieval tests are built on."""
+    from features.training_sets import TrainingSetConfig, build_training_set
+    from models.training.data import TrainingSet
+
+    frames = {
+        d: {"users": users_frame(d), "ads": ads_frame(d), "events": events_frame(d, n=events_per_day)}
+        for d in days
+    }
+    publish_without_gate(ws, frames)
+    build_training_set(ws, TrainingSetConfig(name="vocab", start=days[0].isoformat(), end=days[-1].isoformat(),
+                                             join_features=False))  # fmt: skip
+    return TrainingSet(ws.training("vocab")).vocab
+
+
 def expected_recent(events: pd.DataFrame, user: int, n: int = 64) -> list[int]:
     mine = events[events.user_id == user].sort_values(["ts", "event_id"])
     return mine.ad_id.tolist()[-n:]

@@ -36,7 +36,11 @@ from models.inference.bundle import ModelBundle, build_model, embed_examples, sa
 from models.tracking.registry.flat import to_training_set
 from models.training.data import TrainingSet
 from models.training.dense import DenseSpec
-from tests.features.helpers import DAY0, USERS, ads_frame, events_frame, publish_without_gate, users_frame
+from tests.features.helpers import (
+    DAY0,
+    USERS,
+    landed_days,
+)
 from tests.models.fixtures import record_training_run
 
 DAYS = [DAY0 + dt.timedelta(days=k) for k in range(4)]
@@ -48,13 +52,7 @@ def landed(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     """Four accepted days in a workspace (pristine copy per test) and two user models (v1, v2) over its vocab."""
     root = tmp_path_factory.mktemp("refresh")
     ws = Workspace(root / "ws")
-    frames = {
-        d: {"users": users_frame(d), "ads": ads_frame(d), "events": events_frame(d, n=50)} for d in DAYS
-    }
-    publish_without_gate(ws, frames)
-    build_training_set(ws, TrainingSetConfig(name="vocab", start=DAYS[0].isoformat(), end=DAYS[-1].isoformat(),
-                                             join_features=False))  # fmt: skip
-    vocab = TrainingSet(ws.training("vocab")).vocab
+    vocab = landed_days(ws, DAYS, events_per_day=50)
     models = {}
     for seed, name in ((1, "v1"), (2, "v2")):
         torch.manual_seed(seed)

@@ -20,7 +20,6 @@ from features.feature_repo.online_read import online_reader
 from features.recent_events import merge_online
 from features.schema import ACTION_ID, ONLINE_LIST_EVENTS, SURFACE_ID
 from features.store import open_store
-from features.training_sets import TrainingSetConfig, build_training_set
 from gemflow.workspace import Workspace
 from models.config import UserModelConfig
 from models.embeddings.ad_vectors import (
@@ -37,7 +36,6 @@ from models.embeddings.ad_vectors import (
 from models.embeddings.refresh import RefreshConfig, load_champion, refresh_embeddings
 from models.embeddings.sequences import UserSequences, query_vectors
 from models.inference.bundle import ModelBundle, build_model, save_bundle
-from models.training.data import TrainingSet
 from models.training.dense import DenseSpec
 from serving.client import get, post, v1_body, v2_body
 from serving.retrieval.config import IndexConfig, RetrievalConfig
@@ -45,7 +43,11 @@ from serving.retrieval.eligibility import AdFilter
 from serving.retrieval.service import RetrievalService, RetrievalUnavailable
 from serving.stats import ServingStats
 from serving.user_features import UserFeatures, parse_online_row
-from tests.features.helpers import DAY0, USERS, ads_frame, events_frame, publish_without_gate, users_frame
+from tests.features.helpers import (
+    DAY0,
+    USERS,
+    landed_days,
+)
 
 DAYS = [DAY0 + dt.timedelta(days=k) for k in range(3)]
 REQUEST_TS = int(day_end(DAYS[-1]).timestamp()) + 3600
@@ -68,13 +70,7 @@ def landed(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     the last day by ``v1``: a pristine workspace, copied per test."""
     root = tmp_path_factory.mktemp("fresh-query")
     ws = Workspace(root / "ws")
-    frames = {
-        d: {"users": users_frame(d), "ads": ads_frame(d), "events": events_frame(d, n=30)} for d in DAYS
-    }
-    publish_without_gate(ws, frames)
-    build_training_set(ws, TrainingSetConfig(name="vocab", start=DAYS[0].isoformat(), end=DAYS[-1].isoformat(),
-                                             join_features=False))  # fmt: skip
-    vocab = TrainingSet(ws.training("vocab")).vocab
+    vocab = landed_days(ws, DAYS, events_per_day=30)
     models = {
         "v1": user_model(vocab, root / "v1" / "model.pt", 1),
         "v2": user_model(vocab, root / "v2" / "model.pt", 2),
