@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from features.schema import ONLINE_LIST_EVENTS
 from features.sources.synthetic import SyntheticConfig, generate
 from features.store import open_store
 from gemflow.workspace import Workspace
@@ -63,7 +64,7 @@ def test_ingest_dag_two_consecutive_dates(tmp_path: Path):
         pd.concat([pd.read_parquet(ws.offline("events", d)) for d in DAYS])
         .query("user_id == @user")
         .sort_values(["ts", "event_id"])["ad_id"]
-        .tail(64)
+        .tail(ONLINE_LIST_EVENTS)
         .tolist()
     )
     assert recent == expected

@@ -10,7 +10,7 @@ import yaml
 
 from features.feature_repo import FeatureStoreConfig, build_definitions
 from features.feature_repo.offline import day_end, day_start
-from features.schema import SURFACES
+from features.schema import ONLINE_LIST_EVENTS, SURFACES
 from features.store import open_store
 from tests.features.helpers import (
     ADS,
@@ -86,7 +86,7 @@ def test_apply_materialize_push_then_online_reads(workspace, frames):
     ).to_dict()
     for i, user in enumerate((1, 2)):
         assert online["recent_ad_ids"][i] == expected_recent(all_events, user)
-        mine = all_events[all_events.user_id == user].sort_values(["ts", "event_id"]).tail(64)
+        mine = all_events[all_events.user_id == user].sort_values(["ts", "event_id"]).tail(ONLINE_LIST_EVENTS)
         assert online["recent_surfaces"][i] == [SURFACES.index(s) for s in mine.surface]
         assert online["recent_advertiser_ids"][i] == [ADS[a][0] for a in mine.ad_id]
         gaps = online["recent_time_gaps"][i]

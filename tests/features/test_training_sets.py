@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from features.schema import ONLINE_LIST_EVENTS
 from features.training_sets import EXAMPLE_COLUMNS, TrainingSetConfig, build_training_set
 from features.vocabulary import load_vocabularies
 from gemflow.cli import app
@@ -123,7 +124,7 @@ def test_ranker_features_equal_a_hand_written_as_of_join(landed):
             mine = events[(events.user_id == ev.user_id) & (events.ts < day_start)].sort_values(
                 ["ts", "event_id"]
             )
-            expected_recent = mine.ad_id.tolist()[-64:]
+            expected_recent = mine.ad_id.tolist()[-ONLINE_LIST_EVENTS:]
             assert (list(row.recent_ad_ids) if row.recent_ad_ids is not None else []) == expected_recent
             if row.recent_ad_ids is not None:  # the per-event fields serving reads, aligned with the ads
                 assert list(row.recent_advertiser_ids) == [ADS[a][0] for a in expected_recent]
