@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from features.recent_events import LIST_COLUMNS
+from features.schema import HISTORY_FIELDS
 from models.embeddings.ad_vectors import UserModelRecord
 from models.embeddings.sequences import UserSequences, query_vectors
 from models.inference.bundle import ModelBundle
@@ -31,14 +33,9 @@ from serving.user_features import UserFeatures
 log = logging.getLogger(__name__)
 
 QUERY_KINDS = ("fresh", "cached", "cold_start")
-# the model's event fields <- the online list's columns (``features.recent_events``)
-EVENT_COLUMNS = {
-    "ad_id": "recent_ad_ids",
-    "action": "recent_actions",
-    "surface": "recent_surfaces",
-    "category_id": "recent_category_ids",
-    "advertiser_id": "recent_advertiser_ids",
-    "ts": "recent_ts",
+# the model's event fields <- the online list's columns (``features.recent_events``: recent_ts in seconds)
+EVENT_COLUMNS = {field: column for column, field in LIST_COLUMNS.items() if field in HISTORY_FIELDS} | {
+    "ts": "recent_ts"
 }
 
 
