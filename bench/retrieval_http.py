@@ -6,14 +6,16 @@
     .venv/bin/python bench/retrieval_http.py run --world /tmp/gemflow-retrieval-world --rate 100 --seconds 60 --record
 
 ``prepare`` builds a serving world (``tests.serving.world.build_world``: Feast offline tables + a materialized
-SQLite online store for every ad, a ranker at d_model 64), writes clustered ad vectors and the healthy users'
-queries as a refresh would (``offline/retrieval/D``), an ``ad_serving`` table in which every ad may show on
+SQLite online store for every ad, a ranker at d_model 64), then what a refresh writes (``offline/retrieval/D``,
+``tests.serving.world.write_retrieval_folder``): a next-item user model of ``configs/sequential.yaml``'s shape
+whose ad rows are clustered vectors (the structure of a trained catalog), its record, its ad vectors and its users'
+queries; an ``ad_serving`` table in which every ad may show on
 ``feed`` and 10% of them on ``stories``, then runs ``gemflow retrieval-index`` once: the IVF build is written
 beside the vectors and the server maps it (``serving.retrieval.index_files``). A second ``prepare`` finds the
 world ready and does nothing. ``run`` starts ``gemflow serve`` on it (retrieval on, K 1,000), then per surface an
 open loop at ``--rate`` for ``--seconds``: client latency p50/p95/p99 (from when each request was due), status
-counts, server CPU per request (the server and its child processes, from /proc), and the retrieval stage's own
-ms. The load average is printed and recorded beside the figures: on a shared machine they move with it.
+counts, server CPU per request (the server and its child processes, from /proc), the retrieval stage's own ms
+and which query each answer used (fresh: the recorded user model over the events the request read). The load average is printed and recorded beside the figures: on a shared machine they move with it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from report import add_record_flag, record  # noqa: E402
-from retrieval import clustered, model_width  # noqa: E402
+from retrieval import ROOT, clustered  # noqa: E402
 from serve import Client, cpu_seconds, percentiles, send_open_loop, wait_ready  # noqa: E402
 
 MODEL = "gem-ranker"
@@ -44,18 +47,14 @@ SURFACES_RUN = (("feed", "every ad eligible"), ("stories", "filter excluding 90%
 
 def prepare(world_dir: Path, ads: int) -> dict:
     import psutil  # noqa: F401 (the run needs it; fail early)
+    import yaml
 
     from features.feature_repo.offline import write_partition
     from features.schema import SURFACES
     from features.stats import ad_serving_table
-    from models.embeddings.ad_vectors import (
-        RETRIEVAL_TABLE,
-        USER_QUERY_FILE,
-        AdVectors,
-        UserQueries,
-        write_ad_vectors,
-    )
-    from tests.serving.world import DAY, HEALTHY_USERS, USER_MODEL_VERSION, build_world
+    from models.config import UserModelConfig
+    from models.embeddings.ad_vectors import RETRIEVAL_TABLE
+    from tests.serving.world import DAY, HEALTHY_USERS, build_world, write_retrieval_folder
 
     marker = world_dir / READY
     if marker.exists():
@@ -65,16 +64,16 @@ def prepare(world_dir: Path, ads: int) -> dict:
     import pandas as pd
 
     t0 = time.perf_counter()
-    d = model_width()
     world = build_world(world_dir, num_ads=ads, d_model=64, max_recent=64)
     print(f"serving world ({ads:,} ads, materialized) in {time.perf_counter() - t0:.0f} s", flush=True)
-    folder = world.ws.offline(RETRIEVAL_TABLE, DAY)
-    write_ad_vectors(
-        folder, AdVectors(np.arange(ads, dtype=np.int64), clustered(ads, d, 2000, 1), USER_MODEL_VERSION)
-    )
+    # the user model of configs/sequential.yaml (untrained: latency does not depend on the weights), its ad rows
+    # set to clustered vectors so the index searches the structure of a trained catalog
+    shape = yaml.safe_load((ROOT / "configs" / "sequential.yaml").read_text())["user_model"]
+    cfg = UserModelConfig(**shape, objective="next_item", item_attributes="none")
+    vectors = clustered(ads, cfg.d_model, 2000, 1)
+    model_path = world_dir / "user-model" / "model.pt"
+    write_retrieval_folder(world, world.ws.offline(RETRIEVAL_TABLE, DAY), model_path, cfg, 0, vectors)
     users = np.array(HEALTHY_USERS, np.int64)
-    queries = clustered(len(users), d, 2000, 2) * 20.0
-    write_ad_vectors(folder, UserQueries(users, queries, USER_MODEL_VERSION), name=USER_QUERY_FILE)
     on_stories = np.random.default_rng(7).random(ads) < 0.10
     everywhere, not_stories = list(SURFACES), [s for s in SURFACES if s != "stories"]
     frame = pd.DataFrame({"ad_id": np.arange(ads, dtype=np.int64),
@@ -89,7 +88,7 @@ def prepare(world_dir: Path, ads: int) -> dict:
     print(f"index: {report['kind']} built in {report['build_seconds']:.0f} s ({time.perf_counter() - t1:.0f} s with "
           f"the recall check), {report['index_bytes'] / 2**20:.0f} MB, recall@{report['k']} "
           f"{report['recall_at_' + str(report['k'])]:.3f}", flush=True)  # fmt: skip
-    info = {"ads": ads, "dim": d, "ws": str(world.ws.root), "model": str(world.model_path),
+    info = {"ads": ads, "dim": cfg.d_model, "user_model": str(model_path), "ws": str(world.ws.root), "model": str(world.model_path),
             "users": users.tolist(), "stories_share": float(on_stories.mean()), "index": report}  # fmt: skip
     marker.write_text(json.dumps(info, indent=2))
     return info
@@ -98,11 +97,13 @@ def prepare(world_dir: Path, ads: int) -> dict:
 def open_loop(base: str, bodies: list[bytes], rate: float, seconds: float, proc) -> dict:
     import psutil
 
-    total, retrieval_ms = int(rate * seconds), []
+    total, retrieval_ms, queries = int(rate * seconds), [], Counter()
 
     def on_reply(status, payload) -> None:
         if status == 200:
-            retrieval_ms.append(orjson.loads(payload)["retrieval"]["ms"])
+            ret = orjson.loads(payload)["retrieval"]
+            retrieval_ms.append(ret["ms"])
+            queries[ret["query"]] += 1
 
     server = psutil.Process(proc.pid)
     cpu0 = cpu_seconds(server)
@@ -110,7 +111,7 @@ def open_loop(base: str, bodies: list[bytes], rate: float, seconds: float, proc)
     return {"sent": total, "wall": wall, "codes": dict(tally.codes), "latency": percentiles(tally.client_ms),
             "errors": sum(v for k, v in tally.codes.items() if k != 200),
             "cpu_ms": 1e3 * (cpu_seconds(server) - cpu0) / total,
-            "retrieval": percentiles(retrieval_ms), "load": os.getloadavg()[0]}  # fmt: skip
+            "retrieval": percentiles(retrieval_ms), "queries": dict(queries), "load": os.getloadavg()[0]}  # fmt: skip
 
 
 def run(args) -> list[tuple[str, str]]:
@@ -138,18 +139,19 @@ def run(args) -> list[tuple[str, str]]:
             assert status == 200, reply
             ret = reply["retrieval"]
             print(
-                f"{surface}: eligible {ret['eligible']:,}, retrieved {ret['retrieved']}, method {ret['method']}"
+                f"{surface}: eligible {ret['eligible']:,}, retrieved {ret['retrieved']}, method {ret['method']}, query {ret['query']}"
             )
             for _ in range(args.warm):  # first touches of the mapped pages and the scorer's shapes
                 Client(base).post(PREDICT, bodies[0])
             res = open_loop(base, bodies, args.rate, args.seconds, proc)
             print(f"  {surface} ({what}): sent {res['sent']} in {res['wall']:.1f} s, codes {res['codes']}; latency "
-                  f"{res['latency']}; retrieval stage {res['retrieval']}; server CPU {res['cpu_ms']:.2f} ms/request; "
+                  f"{res['latency']}; retrieval stage {res['retrieval']}; queries {res['queries']}; server CPU {res['cpu_ms']:.2f} ms/request; "
                   f"load {res['load']:.1f}", flush=True)  # fmt: skip
             rows.append((f"{info['ads']:,} ads, {surface} ({what}: {ret['eligible']:,} eligible), retrieve {args.k} "
                          f"+ rank, open loop {args.rate:.0f} req/s x {args.seconds:.0f} s: latency; errors; server CPU",
                          f"{res['latency']}; {res['errors']} errors of {res['sent']}; {res['cpu_ms']:.2f} ms/request "
-                         f"(retrieval stage {res['retrieval']}; load average {res['load']:.1f})"))  # fmt: skip
+                         f"(retrieval stage {res['retrieval']}; queries {res['queries']}; "
+                         f"load average {res['load']:.1f})"))  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -192,10 +192,7 @@ def _tiny_ranker(out: Path, ads: pd.DataFrame, seed: int, d_model: int) -> Path:
         ffn_mult=2,
         num_user_tokens=NUM_USER_TOKENS,
     )
-    vocab = {
-        "ad_id": len(ads), "advertiser_id": NUM_ADVERTISERS, "category_id": NUM_CATEGORIES, "action": len(ACTIONS),
-        "surface": len(SURFACES), "gender": len(GENDERS), "country": 4, "user_id": NUM_USERS,
-    }  # fmt: skip
+    vocab = world_vocabulary(len(ads))
     frame = ads.assign(quality=ads["ad_quality"])
     dense = DenseSpec.fit(frame, DENSE_COLUMNS)
     model = build_model("ranker", cfg, vocab, len(dense.columns), USER_TOKEN_DIM)
@@ -255,6 +252,72 @@ def write_offline_set(world: World, out: Path, user: int, candidates: np.ndarray
     ranker.to_parquet(out / "ranker.parquet", index=False)
     (out / "manifest.json").write_text(json.dumps({"vocab_sizes": {}}))
     return out
+
+
+def world_vocabulary(num_ads: int) -> dict[str, int]:
+    """The world's id vocabularies (sizes), as its ranker and a user model over it read them."""
+    return {"ad_id": num_ads, "advertiser_id": NUM_ADVERTISERS, "category_id": NUM_CATEGORIES,
+            "action": len(ACTIONS), "surface": len(SURFACES), "gender": len(GENDERS), "country": 4,
+            "user_id": NUM_USERS}  # fmt: skip
+
+
+def write_retrieval_folder(
+    world: World,
+    out: Path,
+    model_path: Path,
+    cfg,
+    seed: int,
+    item_vectors: np.ndarray | None = None,
+    extra_users: int = 0,
+) -> tuple:
+    """What an embedding refresh writes for the world (``out``): a next-item user model (``cfg``, a
+    ``UserModelConfig``; saved to ``model_path``), its record, its ad vectors and the queries of the world's users over their
+    recent events (the online lists hold each whole history) through the refresh's own computation.
+    ``item_vectors`` (n_ads, d) become the model's ad rows (so the index searches vectors with the clusters of a
+    trained catalog, computed by the model itself); ``extra_users`` more users after the known ones get a cached
+    query (any of this version). Returns (AdVectors, {user: query})."""
+    import torch
+
+    from models.embeddings.ad_vectors import (
+        USER_QUERY_FILE,
+        UserModelRecord,
+        UserQueries,
+        ad_vectors,
+        write_ad_vectors,
+        write_user_model_record,
+    )
+    from models.embeddings.refresh import load_champion
+    from models.embeddings.sequences import UserSequences, query_vectors
+    from models.inference.bundle import ModelBundle, build_model, save_bundle
+    from models.training.dense import DenseSpec
+
+    torch.manual_seed(seed)
+    vocab = world_vocabulary(len(world.ads))
+    model = build_model("user", cfg, vocab, 1)
+    if item_vectors is not None:
+        with torch.no_grad():
+            model.sparse.table("ad_id")[: len(item_vectors)] = torch.from_numpy(item_vectors)
+    bundle = ModelBundle(
+        "user", model, vocab, DenseSpec(["quality"], [0.0], [1.0]), 0, model_path.parent.name, ""
+    )
+    save_bundle(model_path, bundle)
+    champion = load_champion(str(model_path))
+    users = sorted(world.recent)
+    frames = [world.recent[u] for u in users]
+    offsets = np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64)
+    values = {f: np.concatenate([fr[f].to_numpy(np.int64) for fr in frames]) for f in frames[0].columns}
+    queries = query_vectors(champion.bundle, UserSequences(np.array(users, np.int64), offsets, values))
+    extra = list(range(max(users) + 1, max(users) + 1 + extra_users))
+    queries = np.vstack([queries, queries[: len(extra)]])
+    write_user_model_record(out, UserModelRecord(champion.version, champion.uri))
+    write_ad_vectors(
+        out,
+        UserQueries(np.array([*users, *extra], np.int64), queries, champion.version),
+        name=USER_QUERY_FILE,
+    )
+    ads = ad_vectors(champion.bundle, champion.version)
+    write_ad_vectors(out, ads)
+    return ads, dict(zip([*users, *extra], queries, strict=True))
 
 
 MODEL = "gem-ranker"

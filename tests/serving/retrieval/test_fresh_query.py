@@ -25,15 +25,11 @@ from models.config import UserModelConfig
 from models.embeddings.ad_vectors import (
     RETRIEVAL_TABLE,
     USER_MODEL_FILE,
-    USER_QUERY_FILE,
     UserModelRecord,
-    UserQueries,
-    ad_vectors,
     read_user_model_record,
-    write_ad_vectors,
     write_user_model_record,
 )
-from models.embeddings.refresh import RefreshConfig, load_champion, refresh_embeddings
+from models.embeddings.refresh import RefreshConfig, refresh_embeddings
 from models.embeddings.sequences import UserSequences, query_vectors
 from models.inference.bundle import ModelBundle, build_model, save_bundle
 from models.training.dense import DenseSpec
@@ -239,32 +235,17 @@ def test_every_reason_the_fresh_query_is_not_used_is_named(ws, landed):
 # ----------------------------------------------------------------------------------------------- over HTTP
 @pytest.fixture(scope="module")
 def world_folder(world, tmp_path_factory):
-    """A refresh folder for the serving world: a next-item user model over its vocabulary, its ad vectors, and the
-    queries of its users' histories (the online lists hold each whole history) through the refresh's computation.
-    User 5, unknown to the store, has a cached query; user 6 has nothing."""
-    from features.schema import ACTIONS, GENDERS, SURFACES
-    from tests.serving.world import NUM_ADVERTISERS, NUM_CATEGORIES, NUM_USERS
+    """A refresh folder for the serving world (``tests.serving.world.write_retrieval_folder``): a next-item user
+    model, its ad vectors and its users' queries. User 5, unknown to the store, has a cached query; user 6 has
+    nothing."""
+    from tests.serving.world import write_retrieval_folder
 
     root = tmp_path_factory.mktemp("world-retrieval")
-    vocab = {"ad_id": len(world.ads), "advertiser_id": NUM_ADVERTISERS, "category_id": NUM_CATEGORIES,
-             "action": len(ACTIONS), "surface": len(SURFACES), "gender": len(GENDERS), "country": 4,
-             "user_id": NUM_USERS}  # fmt: skip
-    path = user_model(vocab, root / "world-um" / "model.pt", 5)
-    champion = load_champion(str(path))
-    users = sorted(world.recent)
-    frames = [world.recent[u] for u in users]
-    offsets = np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64)
-    values = {f: np.concatenate([fr[f].to_numpy(np.int64) for fr in frames]) for f in frames[0].columns}
-    queries = query_vectors(champion.bundle, UserSequences(np.array(users, np.int64), offsets, values))
-    queries = np.vstack([queries, queries[:1]])  # user 5: any query of this version
-    out = root / "retrieval"
-    write_user_model_record(out, UserModelRecord(champion.version, champion.uri))
-    write_ad_vectors(
-        out, UserQueries(np.array([*users, 5], np.int64), queries, champion.version), name=USER_QUERY_FILE
+    model = root / "world-um" / "model.pt"
+    ads, queries = write_retrieval_folder(
+        world, root / "retrieval", model, UserModelConfig(**NEXT_ITEM), seed=5, extra_users=1
     )
-    ads = ad_vectors(champion.bundle, champion.version)
-    write_ad_vectors(out, ads)
-    return out, ads, dict(zip([*users, 5], queries, strict=True))
+    return root / "retrieval", ads, queries
 
 
 @pytest.fixture(scope="module")
