@@ -66,13 +66,32 @@ def model_inputs(bundle: ModelBundle, history: Events, user_ids: np.ndarray) -> 
 
 
 def query_vectors(
-    bundle: ModelBundle, seqs: UserSequences, token_budget: int = 32768, max_users: int = 512
+    bundle: ModelBundle,
+    seqs: UserSequences,
+    token_budget: int = 32768,
+    max_users: int = 512,
+    one_user: torch.jit.ScriptModule | None = None,
 ) -> np.ndarray:
     """(U, d) float32 next-item queries of ``seqs`` (in its order), batch by batch within the token budget: the
-    refresh's cached queries and the server's fresh ones both come from here."""
+    refresh's cached queries and the server's fresh ones both come from here. ``one_user``: the model's
+    ``models.inference.one_user_query`` module, used for a single user with events (a request's fresh query)."""
+    if one_user is not None and len(seqs.user_ids) == 1 and seqs.offsets[-1] > 0:
+        return _one_user_query(bundle, seqs, one_user)[None]
     out = np.zeros((len(seqs.user_ids), bundle.cfg.d_model), np.float32)
     for rows in token_budget_batches(seqs.lengths, token_budget, max_users):
         batch = seqs.take(rows)
         history, user_id = model_inputs(bundle, batch.events(bundle.cfg.time_buckets), batch.user_ids)
         out[rows] = user_queries(bundle, history, user_id)
     return out
+
+
+@torch.inference_mode()
+def _one_user_query(bundle: ModelBundle, seqs: UserSequences, one_user: torch.jit.ScriptModule) -> np.ndarray:
+    """The same inputs as the batched path (gaps, mapped ids), the attention's time buckets, one scripted call."""
+    from models.inference.one_user_query import FIELDS
+
+    buckets = bundle.cfg.time_buckets
+    history, _ = model_inputs(bundle, seqs.events(buckets), seqs.user_ids)
+    ts = seqs.values["ts"]
+    time_idx = time_bucket(ts[:, None] - ts[None, :], buckets)  # unused by a model without time biases
+    return one_user([getattr(history, f) for f in FIELDS], torch.from_numpy(time_idx)).numpy()

@@ -3,7 +3,8 @@
 - **fresh**: the user model that computed the index's vectors (``user_model.json`` of the refresh folder, loaded
   with the snapshot) over the user's recent events as the request read them for the ranker (one online read per
   request): the events older than the ranker's ``fresh_cutoff`` (``serving.inputs.fresh_window``), the newest
-  ``max_history`` of them, through ``models.embeddings.sequences.query_vectors``, the refresh's own computation.
+  ``max_history`` of them, through ``models.embeddings.sequences.query_vectors``, the refresh's own computation
+  (for one user, the model's TorchScript module: ``models.inference.one_user_query``, equal to the eager path).
   The online list holds a user's newest ``features.schema.ONLINE_LIST_EVENTS`` events: a model with a longer window
   reads that many (the answer says how many: ``query_events``).
 - **cached**: the user's query written by the last refresh (the state at the end of its day).
@@ -21,6 +22,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from features.recent_events import LIST_COLUMNS
 from features.schema import HISTORY_FIELDS
@@ -45,6 +47,7 @@ class QueryModel:
 
     bundle: ModelBundle
     version: str  # the version its vectors carry (``UserModelRecord.model_version``)
+    one_user: torch.jit.ScriptModule | None = None  # its one-user query, scripted (None: the eager path)
 
     @property
     def max_history(self) -> int:
@@ -75,7 +78,19 @@ def load_query_model(
         return None, "no_model"
     if getattr(champion.bundle.cfg, "objective", "") != "next_item":
         return None, "no_next_item_head"
-    return QueryModel(champion.bundle, champion.version), ""
+    return QueryModel(champion.bundle, champion.version, scripted_query(champion.bundle.model)), ""
+
+
+def scripted_query(model) -> torch.jit.ScriptModule | None:
+    """The model's one-user query through TorchScript (``models.inference.one_user_query``): a quarter of the eager
+    path's time and one GIL release instead of hundreds. None (the eager path answers) where it does not apply."""
+    from models.inference.one_user_query import script_query
+
+    try:
+        return script_query(model)
+    except Exception:  # noqa: BLE001 (the eager path computes the same query)
+        log.exception("retrieval: cannot script the user model's query; fresh queries run eagerly")
+        return None
 
 
 def warm_up(model: QueryModel) -> None:
@@ -112,7 +127,7 @@ def fresh_query(
     if isinstance(seqs, str):
         return seqs
     try:
-        vector = query_vectors(model.bundle, seqs)[0]
+        vector = query_vectors(model.bundle, seqs, one_user=model.one_user)[0]
     except Exception:  # noqa: BLE001 (the cached query answers; the failure is logged and counted)
         log.exception("retrieval: the fresh query of user %d failed", user_id)
         return "error"

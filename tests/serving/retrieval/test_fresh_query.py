@@ -103,6 +103,7 @@ def test_the_fresh_query_equals_the_refreshs_for_the_same_history(ws, landed):
     svc = service(ws)
     snap = svc.current
     assert snap.query_model is not None and snap.query_model.version == snap.version == "local/v1"
+    assert snap.query_model.one_user is not None  # the scripted one-user path, checked against the refresh's
     assert read_user_model_record(folder(ws)) == UserModelRecord("local/v1", str(landed[1]["v1"].resolve()))
     for user in USERS:
         feats = read_user(ws, user)
