@@ -104,6 +104,7 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
     timings: dict[str, float] = {}
 
     def timed(name, fn, *args, **kwargs):
+        print(f"{STAGE_MARK}{name}", file=sys.stderr, flush=True)  # where a run that dies was
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
         timings[name] = time.perf_counter() - t0
@@ -125,10 +126,10 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
         spark = timed("session start", spark_session, SparkConfig(master=f"local[{os.cpu_count()}]", **SPARK))
         events = st.read_events(spark, ws, all_days).persist()
         timed("read + ads join", events.count)
-        histories = timed("histories", st.build_histories, events)
+        histories = timed("histories", st.build_histories, events, ws.root / st.SCRATCH)
 
         def examples():
-            imp = st.impressions_with_cut(events, START, end)
+            imp = st.impressions_with_cut(events, START, end, ws.root / st.SCRATCH)
             row = np.searchsorted(histories.user_ids, imp["user_id"].to_numpy(np.int64))
             return ts.examples_frame(imp, row, imp["cut"].to_numpy(np.int64), end, cfg)
 
@@ -201,11 +202,26 @@ def measure(ws: Path, engine: str, days: int, args) -> dict:
     sampler.join()
     result = {"engine": engine, "peak_gb": peak / 2**30, "wall_s": wall}
     if proc.returncode != 0:
-        tail = [line for line in err.strip().splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
-        result["failed"] = tail[0][:200]
+        result["failed"] = failure(err, proc.returncode)
         return result
     result["timings"] = json.loads(out.strip().splitlines()[-1])
     return result
+
+
+STAGE_MARK = "data-plane stage: "
+CAUSES = ("OutOfMemoryError", "MemoryError", "Exception:", "Error:")
+
+
+def failure(stderr: str, returncode: int) -> str:
+    """Where a run died and why: its last stage mark and the first line naming an error (Spark logs pages of
+    consequences after the cause), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    stages = [line.removeprefix(STAGE_MARK) for line in lines if line.startswith(STAGE_MARK)]
+    causes = [line for line in lines if any(c in line for c in CAUSES) and " WARN " not in line]
+    cause = (causes or lines[-1:] or [f"exit {returncode}"])[0]
+    if returncode < 0:
+        cause = f"killed by signal {-returncode}; {cause}"
+    return (f"in {stages[-1]}: " if stages else "") + cause[:200]
 
 
 def child(args) -> None:
@@ -260,7 +276,7 @@ def main() -> None:
                     print(
                         f"  {engine:<6} FAILED after {res['wall_s']:.0f} s, peak {res['peak_gb']:.2f} GB: {res['failed']}"
                     )
-                    rows.append((label, f"breaks: {res['failed'][:80]} (peak {res['peak_gb']:.1f} GB)"))
+                    rows.append((label, f"breaks: {res['failed'][:120]} (peak {res['peak_gb']:.1f} GB)"))
                     continue
                 stages = {k: v for k, v in res["timings"].items() if k != "session start"}
                 total = sum(stages.values())

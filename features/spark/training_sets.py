@@ -10,14 +10,15 @@ Each produces what the embedded engine's function of the same job produces (``fe
   the example's second (ties share the rank of their first row, exactly ``searchsorted(..., side="left")``);
 - vocabulary: ``groupBy(id).count()`` over the training period.
 
-What comes back to the driver is what the training set files hold (one row per user, one per impression) and
-the per-id counts, never the event log itself.
+What comes back to the driver is what the training set files hold (one row per user, one per impression), through
+part files (``features.spark.parquet_out.collect_arrow``), and the per-id counts, never the event log itself.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,10 +30,12 @@ from pyspark.sql import functions as F
 from features.feature_repo.offline import partition_files
 from features.histories import SECOND_US, Histories
 from features.schema import ACTIONS, HISTORY_FIELDS, SURFACES
+from features.spark.parquet_out import collect_arrow
 from features.vocabulary import ID_FIELDS
 from gemflow.workspace import Workspace
 
 IMPRESSION = ACTIONS.index("impression")
+SCRATCH = ".spark-scratch"  # under the workspace: executors write what the driver reads back (collect_arrow)
 EPOCH = dt.date(1970, 1, 1)
 EPOCH_ORDINAL = EPOCH.toordinal()  # day ordinal = days since 1970-01-01 + this (py4j cannot send year 1)
 
@@ -90,14 +93,15 @@ def check_known_ads(events: DataFrame) -> None:
         )
 
 
-def build_histories(events: DataFrame) -> Histories:
-    """Every user's events in (ts, event_id) order, one row per user in ``user_id`` order."""
+def build_histories(events: DataFrame, scratch: Path) -> Histories:
+    """Every user's events in (ts, event_id) order, one row per user in ``user_id`` order (``scratch``: see
+    ``collect_arrow``)."""
     fields = [f for f in HISTORY_FIELDS if f != "ts"]
     per_user = events.groupBy("user_id").agg(
         F.sort_array(F.collect_list(F.struct("ts_us", "event_id", *fields, "ts_s"))).alias("h")
     )
     columns = [F.col(f"h.{name}").alias(name) for name in (*fields, "ts_s")]
-    table = per_user.select("user_id", *columns).orderBy("user_id").toArrow()
+    table = collect_arrow(per_user.select("user_id", *columns).orderBy("user_id"), scratch)
     if table.num_rows == 0:
         empty = np.zeros(0, np.int64)
         return Histories(empty, np.zeros(1, np.int64), {name: empty for name in HISTORY_FIELDS})
@@ -109,7 +113,7 @@ def build_histories(events: DataFrame) -> Histories:
     return Histories(user_ids=user_ids, offsets=offsets, values=values)
 
 
-def impressions_with_cut(events: DataFrame, start: dt.date, end: dt.date) -> pd.DataFrame:
+def impressions_with_cut(events: DataFrame, start: dt.date, end: dt.date, scratch: Path) -> pd.DataFrame:
     """The impressions of [start, end] with ``cut``: the user's events strictly before the impression's second."""
     by_second = Window.partitionBy("user_id").orderBy("ts_s")
     ranked = events.withColumn("cut", (F.rank().over(by_second) - 1).cast("long"))
@@ -118,7 +122,7 @@ def impressions_with_cut(events: DataFrame, start: dt.date, end: dt.date) -> pd.
         & (F.col("day") <= end.toordinal())
         & (F.col("action") == IMPRESSION)
     )
-    return imp.drop("ts_s").toArrow().to_pandas()
+    return collect_arrow(imp.drop("ts_s"), scratch).to_pandas()
 
 
 @dataclass
@@ -158,8 +162,9 @@ def histories_examples_vocabularies(ws: Workspace, days: list[dt.date], start: d
     events = read_events(spark, ws, days).persist()
     try:
         check_known_ads(events)
-        histories = build_histories(events)
-        imp = impressions_with_cut(events, start, end)
+        scratch = ws.root / SCRATCH
+        histories = build_histories(events, scratch)
+        imp = impressions_with_cut(events, start, end, scratch)
         user_row = np.searchsorted(histories.user_ids, imp["user_id"].to_numpy(np.int64))
         examples = examples_frame(imp, user_row, imp["cut"].to_numpy(np.int64), end, cfg)
         if cfg.split == "leave-one-out":
