@@ -14,8 +14,9 @@ like the model's (cosine / temperature). Search timings run FAISS on one thread,
 On ``sequential``: overlap of each index's top-K with the exact top-K, and the held-out test item's hit rate in
 the top K of exact search, of each index and of popularity. On ``fresh-query``: the query of one request, one
 at a time (``Snapshot.query``, the server's call), fresh (the user model over the user's recent-event list as
-the pipeline wrote it) against cached (a lookup), on ``--torch-threads`` threads; the cached queries are the
-refresh's computation batched over the same lists, so their largest difference to the fresh ones is reported too.
+the pipeline wrote it; the server's TorchScript one-user path and the eager batched one) against cached (a
+lookup), on ``--torch-threads`` threads; the cached queries are the refresh's computation batched over the same
+lists, so their largest difference to the fresh ones is reported too.
 
 Feast's vector search (``retrieve_online_documents_v2``, sqlite-vec) is reported as unavailable when its SQLite
 store cannot load sqlite-vec in this interpreter (Feast 0.67 loads it on Python 3.10 only).
@@ -244,7 +245,7 @@ def fresh_query_cost(args) -> list[tuple[str, str]]:
     from models.embeddings.ad_vectors import UserQueries, ad_vectors
     from models.embeddings.sequences import UserSequences, query_vectors
     from models.inference.bundle import load_bundle
-    from serving.retrieval.query import EVENT_COLUMNS, QueryModel, fresh_sequence
+    from serving.retrieval.query import EVENT_COLUMNS, QueryModel, fresh_sequence, scripted_query
     from serving.retrieval.service import Snapshot
     from serving.user_features import UserFeatures
 
@@ -267,11 +268,16 @@ def fresh_query_cost(args) -> list[tuple[str, str]]:
     order = np.argsort(users)
     queries = UserQueries(users[order], cached[order], VERSION)
     index = build_index(ad_vectors(bundle, VERSION), IndexConfig(kind="exact", max_k=args.k))
-    snap = Snapshot(index, queries, "bench", cached.mean(0), query_model=QueryModel(bundle, VERSION))
+    snaps = {
+        kind: Snapshot(
+            index, queries, "bench", cached.mean(0), query_model=QueryModel(bundle, VERSION, one_user)
+        )
+        for kind, one_user in (("scripted", scripted_query(bundle.model)), ("eager", None))
+    }
     print(f"# {len(users)} users of {args.workspace} ({day}), {len(index):,} ads, d {index.dim}, events per "
           f"query {lens.mean():.1f} (max {lens.max()}), torch threads {args.torch_threads}", flush=True)  # fmt: skip
 
-    def timed(fresh: bool) -> tuple[np.ndarray, np.ndarray, list]:
+    def timed(fresh: bool, snap: Snapshot) -> tuple[np.ndarray, np.ndarray, list]:
         for u, f in list(zip(users, feats, strict=True))[:5]:  # warm-up (lazy kernels), not timed
             snap.query(int(u), f, request_ts, 1, fresh)
         ms, search_ms, out = [], [], []
@@ -285,16 +291,19 @@ def fresh_query_cost(args) -> list[tuple[str, str]]:
             out.append(q)
         return np.array(ms), np.array(search_ms), out
 
-    fresh_ms, search_ms, fresh = timed(True)
-    cached_ms, _, looked_up = timed(False)
-    assert {q.kind for q in fresh} == {"fresh"} and {q.kind for q in looked_up} == {"cached"}
+    fresh_ms, search_ms, fresh = timed(True, snaps["scripted"])
+    eager_ms, _, eager = timed(True, snaps["eager"])
+    cached_ms, _, looked_up = timed(False, snaps["scripted"])
+    assert {q.kind for q in fresh + eager} == {"fresh"} and {q.kind for q in looked_up} == {"cached"}
     diff = max(float(np.abs(q.vector - c.vector).max()) for q, c in zip(fresh, looked_up, strict=True))
     p = lambda a: f"{np.percentile(a, 50):.3f} / {np.percentile(a, 99):.3f} ms"  # noqa: E731
+    over = f"user model over <= {bundle.cfg.max_history} events"
     return [
-        (f"query per request, fresh (user model over <= {bundle.cfg.max_history} events) p50 / p99", p(fresh_ms)),
+        (f"query per request, fresh ({over}, TorchScript one-user path: the server's) p50 / p99", p(fresh_ms)),
+        (f"query per request, fresh ({over}, eager batched path) p50 / p99", p(eager_ms)),
         ("query per request, cached (lookup) p50 / p99", p(cached_ms)),
         (f"for scale: exact search K {args.k} over {len(index):,} ads p50 / p99", p(search_ms)),
-        ("largest |fresh - cached| over the same events (refresh batched vs one request)", f"{diff:.2e}"),
+        ("largest |fresh - cached| over the same events (refresh batched vs one request, scripted)", f"{diff:.2e}"),
         ("users / events per query (mean) / torch threads / load average (1 min)",
          f"{len(users)} / {lens.mean():.1f} / {args.torch_threads} / {os.getloadavg()[0]:.1f}"),
     ]  # fmt: skip
