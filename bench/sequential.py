@@ -381,8 +381,8 @@ def main() -> None:
     p.add_argument(
         "--merge",
         default="",
-        help="comma-separated JSON files of earlier runs (e.g. one seed each, run in parallel): train nothing, "
-        "summarize their seeds together",
+        help="comma-separated JSON files of earlier runs (e.g. one seed each, or the baselines and the user model "
+        "run apart): train nothing, summarize their seeds together (per seed, the union of their models)",
     )
     args = p.parse_args()
     args.models = [m for m in args.models.split(",") if m]
@@ -402,8 +402,11 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(rows, indent=2))
         return
     per_seed: dict[int, dict] = collect(args, overrides) if args.collect else {}
-    for path in filter(None, args.merge.split(",")):
-        per_seed |= {int(k): v for k, v in json.loads(Path(path).read_text())["per_seed"].items()}
+    for path in filter(
+        None, args.merge.split(",")
+    ):  # per seed, the union of the files' models (later files win)
+        for seed, rows in json.loads(Path(path).read_text())["per_seed"].items():
+            per_seed.setdefault(int(seed), {}).update(rows)
     for seed in (
         [] if args.merge or args.collect else seeds
     ):  # the JSON is rewritten after each seed: a stop keeps the rest
