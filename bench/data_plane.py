@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -167,6 +169,7 @@ def run_ingest(ws: Workspace, engine: str) -> dict[str, float]:
         t0 = time.perf_counter()
         spark_session(spark)
         timings["session start"] = time.perf_counter() - t0
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # its step log names where a run that dies was
     cfg = IngestConfig(gate={"data_docs": False}, engine=engine, spark=spark)
     summary = ingest(ws, START, cfg)
     timings.update({k: v for k, v in summary["timings_s"].items() if k != "total"})
@@ -213,14 +216,16 @@ CAUSES = ("OutOfMemoryError", "MemoryError", "Exception:", "Error:")
 
 
 def failure(stderr: str, returncode: int) -> str:
-    """Where a run died and why: its last stage mark and the first line naming an error (Spark logs pages of
-    consequences after the cause), else its last line."""
+    """Where a run died and why: its last stage (our marks, or the ingest's own step log) and the first line
+    naming an error (Spark logs pages of consequences after the cause), else its last line."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    stages = [line.removeprefix(STAGE_MARK) for line in lines if line.startswith(STAGE_MARK)]
+    steps = (re.search(rf"{STAGE_MARK}(.+)$|ingest: (.+) \.\.\.$", line) for line in lines)
+    stages = [m.group(1) or m.group(2) for m in steps if m]
     causes = [line for line in lines if any(c in line for c in CAUSES) and " WARN " not in line]
-    cause = (causes or lines[-1:] or [f"exit {returncode}"])[0]
-    if returncode < 0:
-        cause = f"killed by signal {-returncode}; {cause}"
+    if returncode < 0:  # SIGKILL at a high peak: the kernel's OOM killer
+        cause = f"killed by signal {-returncode}" + (f"; {causes[0]}" if causes else "")
+    else:
+        cause = (causes or lines[-1:] or [f"exit {returncode}"])[0]
     return (f"in {stages[-1]}: " if stages else "") + cause[:200]
 
 
