@@ -1,8 +1,8 @@
 """A plain PyTorch SASRec, the speed yardstick of ``bench/sequential.py``'s SASRec (issue 36): the same shape
-(d 64, 2 blocks, 1 head, max length 50, dropout 0.5, the paper's BCE loss with one sampled negative per
-position), on the same training sequences (each user's history up to the valid item), trained the way the
-public re-implementations do it: dense left-padded (B, T) tensors, a causal mask only (padding inputs are
-zeroed, as in the reference code), batches of users of similar length (length buckets), Adam.
+(``configs/sequential.yaml``'s ``sasrec``: d 50, 2 blocks, 1 head, max length 50, dropout 0.5), the paper's BCE
+loss with one sampled negative per position, on the same training sequences (each user's history up to the valid
+item), trained the way the public re-implementations do it: dense left-padded (B, T) tensors, a causal mask only
+(padding inputs are zeroed, as in the reference code), batches of users of similar length (length buckets), Adam.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/plain_sasrec.py --workspace /tmp/toys --training-set toys \
         --epochs 2 --threads 1
@@ -138,18 +138,23 @@ def main() -> None:
 
     ws = Workspace(Path(args.workspace).resolve())
     path = resolve_training_set(args.training_set, ws)
+    cfg = load_config(TrainRunConfig, str(Path(__file__).resolve().parents[1] / "configs" / "sequential.yaml"),
+                      {"model": "sasrec", "next_item.loss": "bce", "training_set": str(path),
+                       "optim.batch_size": str(args.batch_size)})  # fmt: skip
+    shape = cfg.sasrec  # both models get the configured SASRec's shape
     torch.manual_seed(0)
-    sequences, num_items = train_sequences(path, 50)
-    model = PlainSASRec(num_items).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sequences, num_items = train_sequences(path, shape.max_len)
+    model = PlainSASRec(
+        num_items, shape.d_model, shape.num_blocks, shape.num_heads, shape.max_len, shape.dropout
+    )
+    opt = torch.optim.Adam(model.train().parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
     epochs = {"plain": lambda epoch: plain_epoch(model, opt, sequences, num_items, args.batch_size, rng)}
+    print(f"SASRec shape: d {shape.d_model}, {shape.num_blocks} blocks, {shape.num_heads} head(s), max length "
+          f"{shape.max_len}, dropout {shape.dropout}", flush=True)  # fmt: skip
     if args.ours:
         from models.sequential.task import NextItemTask
 
-        cfg = load_config(TrainRunConfig, str(Path(__file__).resolve().parents[1] / "configs" / "sequential.yaml"),
-                          {"model": "sasrec", "next_item.loss": "bce", "training_set": str(path),
-                           "optim.batch_size": str(args.batch_size)})  # fmt: skip
         task = NextItemTask(cfg, path)
         ours = task.bundle.model.train()
         ours_opt = torch.optim.Adam(ours.parameters(), lr=1e-3)
