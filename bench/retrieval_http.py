@@ -99,19 +99,38 @@ def open_loop(base: str, bodies: list[bytes], rate: float, seconds: float, proc)
 
     total, retrieval_ms, queries = int(rate * seconds), [], Counter()
 
+    errors: list[str] = []  # the first few error answers, as sent
+
     def on_reply(status, payload) -> None:
         if status == 200:
             ret = orjson.loads(payload)["retrieval"]
             retrieval_ms.append(ret["ms"])
             queries[ret["query"]] += 1
+        elif len(errors) < 3:
+            errors.append(f"{status} {bytes(payload[:200]).decode(errors='replace')}")
 
     server = psutil.Process(proc.pid)
     cpu0 = cpu_seconds(server)
     tally, wall = send_open_loop(base, bodies, rate, total, on_reply)
     return {"sent": total, "wall": wall, "codes": dict(tally.codes), "latency": percentiles(tally.client_ms),
+            "pauses": pauses(base), "first_errors": errors,
             "errors": sum(v for k, v in tally.codes.items() if k != 200),
             "cpu_ms": 1e3 * (cpu_seconds(server) - cpu0) / total,
             "retrieval": percentiles(retrieval_ms), "queries": dict(queries), "load": os.getloadavg()[0]}  # fmt: skip
+
+
+def pauses(base: str) -> str:
+    """The server's stop-the-world pauses of the last minute (``serving.pauses``): garbage collections and
+    event-loop lag, which tell a stall from queueing when a tail or a 503 needs explaining."""
+    from serving.client import get
+
+    status, body = get(f"{base}/v2/models/{MODEL}/stats")
+    if status != 200:
+        return f"stats unavailable ({status})"
+    p = body["pauses"]
+    collections = ", ".join(f"{g} {v['count']} (max {v['max_ms']} ms)" for g, v in p["gc"].items()) or "none"
+    lag = p["event_loop_lag"]
+    return f"gc {collections}; event-loop lag p99 {lag.get('p99_ms')} ms, max {lag.get('max_ms')} ms"
 
 
 def run(args) -> list[tuple[str, str]]:
@@ -145,8 +164,10 @@ def run(args) -> list[tuple[str, str]]:
                 Client(base).post(PREDICT, bodies[0])
             res = open_loop(base, bodies, args.rate, args.seconds, proc)
             print(f"  {surface} ({what}): sent {res['sent']} in {res['wall']:.1f} s, codes {res['codes']}; latency "
-                  f"{res['latency']}; retrieval stage {res['retrieval']}; queries {res['queries']}; server CPU {res['cpu_ms']:.2f} ms/request; "
+                  f"{res['latency']}; retrieval stage {res['retrieval']}; queries {res['queries']}; pauses {res['pauses']}; server CPU {res['cpu_ms']:.2f} ms/request; "
                   f"load {res['load']:.1f}", flush=True)  # fmt: skip
+            if res["first_errors"]:
+                print(f"  first errors: {res['first_errors']}", flush=True)
             rows.append((f"{info['ads']:,} ads, {surface} ({what}: {ret['eligible']:,} eligible), retrieve {args.k} "
                          f"+ rank, open loop {args.rate:.0f} req/s x {args.seconds:.0f} s: latency; errors; server CPU",
                          f"{res['latency']}; {res['errors']} errors of {res['sent']}; {res['cpu_ms']:.2f} ms/request "
