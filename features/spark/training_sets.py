@@ -122,7 +122,8 @@ def impressions_with_cut(events: DataFrame, start: dt.date, end: dt.date, scratc
         & (F.col("day") <= end.toordinal())
         & (F.col("action") == IMPRESSION)
     )
-    return collect_arrow(imp.drop("ts_s"), scratch).to_pandas()
+    # self_destruct: each column's Arrow buffers are freed as it converts (the driver holds one copy, not two)
+    return collect_arrow(imp.drop("ts_s", "action"), scratch).to_pandas(split_blocks=True, self_destruct=True)
 
 
 @dataclass
