@@ -33,6 +33,13 @@ def _alive(pid: int) -> bool:
     return start_ticks(pid) is not None
 
 
+def _has_marker(pid: int, marker: str) -> bool:
+    try:
+        return f"{MARKER}={marker}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return False
+
+
 def _spawn(cmd: list[str], marker: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, env={**os.environ, MARKER: marker}, start_new_session=True)
 
@@ -47,9 +54,10 @@ def test_down_stops_recorded_groups_and_marked_orphans_only(tmp_path):
         while time.monotonic() < deadline:  # wait for the escaped grandchild
             kids = [int(x) for x in subprocess.run(["pgrep", "-f", "time.sleep\\(600\\)"], capture_output=True,
                                                    text=True).stdout.split()]  # fmt: skip
-            orphans = [
-                k for k in kids if k not in (service.pid, bystander.pid) and os.getpgid(k) != service.pid
-            ]
+            orphans = [  # this test's escaped grandchild: other tests' sleepers (another xdist worker) are not
+                k for k in kids
+                if k not in (service.pid, bystander.pid) and _has_marker(k, marker) and os.getpgid(k) != service.pid
+            ]  # fmt: skip
             if orphans:
                 break
             time.sleep(0.2)
