@@ -11,8 +11,8 @@ ingest summary times them: raw read, gate, offline writes, derived tables, onlin
 For each size, writes an accepted offline store (``--days`` day partitions of events + ads, contract schema,
 written with the store's own writer; generated with numpy, not the behavioural generator, so the bench measures
 the engines and not the simulation), then runs the training set's engine step (``features.training_sets``:
-accepted-events read with the ads join, per-user histories, leak-free cuts of every impression, vocabulary
-counts) once per engine, each in a fresh subprocess whose whole process tree (the JVM included) is sampled for
+accepted-events read with the ads join, per-user histories and their file, leak-free cuts of every impression
+and the examples file, vocabulary counts) once per engine, each in a fresh subprocess whose whole process tree (the JVM included) is sampled for
 peak RSS every 0.1 s. Prints events/s per stage and the peak; a run that dies (the local engine is capped at
 ``--local-memory-gb`` of address space, the Spark driver at ``--driver-memory``) is reported as where it breaks.
 Spark runs ``local[N]`` with N = the machine's cores; its session start-up is reported apart.
@@ -96,29 +96,47 @@ def write_store(ws: Workspace, events: int, days: int, seed: int = 0) -> None:
 
 
 def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
-    """The training set's engine step, stage by stage (runs inside the measured subprocess)."""
+    """The training set's engine step, stage by stage, with its two files written under a scratch folder
+    (runs inside the measured subprocess)."""
     from features import training_sets as ts
     from features.spark.session import SparkConfig
 
     end = START + dt.timedelta(days=days - 1)
     cfg = ts.TrainingSetConfig(name="bench", engine=engine, join_features=False)
     all_days = [START + dt.timedelta(days=k) for k in range(days)]
+    out = ws.root / "bench-training-set"
+    out.mkdir(exist_ok=True)
     timings: dict[str, float] = {}
 
     def timed(name, fn, *args, **kwargs):
         print(f"{STAGE_MARK}{name}", file=sys.stderr, flush=True)  # where a run that dies was
         t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
         timings[name] = time.perf_counter() - t0
-        return out
+        return result
 
     if engine == "local":
         from features.histories import build_histories
         from features.stats import read_events
 
         events = timed("read + ads join", read_events, ws, all_days)
-        histories = timed("histories", build_histories, events)
-        examples = timed("examples (cuts)", ts.build_examples, events, histories, START, end, cfg)
+
+        def histories_file():
+            histories = build_histories(events)
+            ts._write(histories.to_arrow(), out / "sequences.parquet")
+            return histories
+
+        histories = timed("histories", histories_file)
+
+        def examples_file():
+            examples = ts.build_examples(events, histories, START, end, cfg)
+            table = pa.Table.from_pandas(
+                examples[list(ts.EXAMPLE_COLUMNS)], schema=ts.EXAMPLE_SCHEMA, preserve_index=False
+            )
+            ts._write(table, out / "examples.parquet")
+            return examples
+
+        examples = timed("examples (cuts)", examples_file)
         period = ts.training_period(events, examples, end, cfg)
         timed("vocabulary", ts.build_vocabularies, period, cfg.vocabulary)
     else:
@@ -126,20 +144,17 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
         from features.spark.session import spark_session
 
         spark = timed("session start", spark_session, SparkConfig(master=f"local[{os.cpu_count()}]", **SPARK))
+        scratch = ws.root / st.SCRATCH
         events = st.read_events(spark, ws, all_days).persist()
         timed("read + ads join", events.count)
-        histories = timed("histories", st.build_histories, events, ws.root / st.SCRATCH)
-
-        def examples():
-            imp = st.impressions_with_cut(events, START, end, ws.root / st.SCRATCH)
-            row = np.searchsorted(histories.user_ids, imp["user_id"].to_numpy(np.int64))
-            return ts.examples_frame(imp, row, imp["cut"].to_numpy(np.int64), end, cfg)
-
-        timed("examples (cuts)", examples)
-        before = ts.first_held_out_day(end, cfg)
-        timed(
-            "vocabulary", st.period_counts, spark, events, before_day=before, held_out=np.zeros(0, np.int64)
+        timed("histories", st.write_histories, events, out / "sequences.parquet", scratch)
+        _, parts = timed(
+            "examples (cuts)", st.write_examples, events, START, end, cfg, out / "examples.parquet", scratch
         )
+        before = ts.first_held_out_day(end, cfg)
+        timed("vocabulary", st.period_counts, events, before_day=before, held_out=None)
+        shutil.rmtree(parts, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
     return timings
 
 

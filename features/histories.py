@@ -18,6 +18,10 @@ import pyarrow as pa
 from features.schema import HISTORY_FIELDS
 
 SECOND_US = 1_000_000
+# sequences.parquet: one row per user
+SEQUENCES_SCHEMA = pa.schema(
+    [("user_id", pa.int64())] + [(name, pa.list_(pa.int64())) for name in HISTORY_FIELDS]
+)
 
 
 @dataclass
@@ -38,7 +42,7 @@ class Histories:
             columns[name] = pa.LargeListArray.from_arrays(
                 offsets, pa.array(self.values[name], pa.int64())
             ).cast(pa.list_(pa.int64()))
-        return pa.table(columns)
+        return pa.table(columns, schema=SEQUENCES_SCHEMA)
 
 
 def build_histories(events: pd.DataFrame) -> Histories:

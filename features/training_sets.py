@@ -18,10 +18,10 @@
   training period only;
 - ``manifest.json``: vocab sizes (rows per model table), counts, date range, feature refs, config.
 
-``engine: spark`` (``--set engine=spark``) runs the distributed steps (accepted-events read, histories, cuts,
-vocabulary counts) on Spark (``features.spark.training_sets``); assembly, splits, items, the Feast join and the
-files are shared with the local engine, and the files come out value-identical
-(``tests/features/test_spark_engine.py``).
+``engine: spark`` (``--set engine=spark``) runs the engine step (accepted-events read, histories, examples with
+their cuts and splits, vocabulary counts, and the writing of ``sequences.parquet`` / ``examples.parquet``) on
+Spark's executors (``features.spark.training_sets``); items, the Feast join and the manifest are shared with the
+local engine, and the files come out value-identical (``tests/features/test_spark_engine.py``).
 """
 
 from __future__ import annotations
@@ -53,21 +53,14 @@ from gemflow.workspace import Workspace
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-EXAMPLE_COLUMNS = (
-    "example_id",
-    "user_id",
-    "user_row",
-    "cut",
-    "ad_id",
-    "advertiser_id",
-    "category_id",
-    "quality",
-    "surface",
-    "ts",
-    "click",
-    "conversion",
-    "split",
+EXAMPLE_SCHEMA = pa.schema(
+    [(name, pa.int64()) for name in ("example_id", "user_id", "user_row", "cut", "ad_id", "advertiser_id")]
+    + [("category_id", pa.int64()), ("quality", pa.float32()), ("surface", pa.int64()), ("ts", pa.int64())]
+    + [("click", pa.int8()), ("conversion", pa.int8()), ("split", pa.string())]
 )
+EXAMPLE_COLUMNS = tuple(EXAMPLE_SCHEMA.names)
+# what an engine keeps per example for the Feast join: the files' columns + the event's own timestamp
+EXAMPLE_PARTS_SCHEMA = EXAMPLE_SCHEMA.append(pa.field(EVENT_TS, pa.timestamp("us", tz="UTC")))
 EMBEDDING_VIEW = "user_embedding"
 
 
@@ -219,24 +212,20 @@ def build_vocabularies(period: pd.DataFrame, cfg: VocabularyConfig) -> dict[str,
 
 
 def _vocab(
-    examples: pd.DataFrame, histories, ranker: pa.Table | None, vocabularies: dict[str, Vocabulary],
-    max_rows: int,
-) -> dict[str, int]:  # fmt: skip
-    def size(*arrays) -> int:
-        return int(max((int(a.max()) for a in arrays if len(a)), default=-1)) + 1
-
+    max_ids: dict[str, int], ranker: pa.Table | None, vocabularies: dict[str, Vocabulary], max_rows: int
+) -> dict[str, int]:
     vocab = {
         "user_id": vocabularies["user_id"].size,
         "ad_id": vocabularies["ad_id"].size,
-        "advertiser_id": size(histories.values["advertiser_id"], examples["advertiser_id"].to_numpy()),
-        "category_id": size(histories.values["category_id"], examples["category_id"].to_numpy()),
+        "advertiser_id": max_ids["advertiser_id"] + 1,
+        "category_id": max_ids["category_id"] + 1,
         "action": len(ACTIONS),
         "surface": len(SURFACES),
         "gender": len(GENDERS),
     }
     if ranker is not None and "user_country" in ranker.column_names:
         country = ranker.column("user_country").drop_null().to_numpy()
-        vocab["country"] = size(country)
+        vocab["country"] = int(country.max()) + 1 if len(country) else 0
     for name, rows in vocab.items():  # attribute ids are used as rows directly: refuse a huge table here
         if rows > max_rows:
             raise VocabularyError(
@@ -261,6 +250,61 @@ def _write(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table.replace_schema_metadata(None), tmp, **PARQUET_OPTIONS)
     tmp.replace(path)
+
+
+@dataclass
+class EngineOutput:
+    """What an engine's step leaves besides ``sequences.parquet`` and ``examples.parquet``."""
+
+    vocabularies: dict[str, Vocabulary]
+    counts: dict[str, int]  # users, events, examples, examples_<split>, clicks, conversions
+    max_ids: dict[str, int]  # advertiser_id, category_id: the largest in the histories (-1: none)
+    examples: pd.DataFrame | None  # EXAMPLE_PARTS_SCHEMA's columns, for the Feast join (None: not asked)
+
+
+def example_counts(examples: pd.DataFrame) -> dict[str, int]:
+    split_counts = examples["split"].value_counts()
+    return {
+        "examples": len(examples),
+        **{f"examples_{s}": int(split_counts.get(s, 0)) for s in SPLITS},
+        "clicks": int(examples["click"].sum()),
+        "conversions": int(examples["conversion"].sum()),
+    }
+
+
+def read_examples_for_join(folder: Path) -> pd.DataFrame:
+    """Example part files (``EXAMPLE_PARTS_SCHEMA``) as the frame ``examples_frame`` gives."""
+    table = read_partition(folder)
+    examples = table.drop_columns([EVENT_TS]).to_pandas()
+    examples[EVENT_TS] = table.column(EVENT_TS).to_pandas().to_numpy()
+    return examples
+
+
+def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.date, cfg, out: Path):
+    """``build_training_set``'s engine step in this process (pandas / numpy)."""
+    events = read_events(ws, days)
+    histories = build_histories(events)
+    examples = build_examples(events, histories, start, end, cfg)
+    if cfg.split == "leave-one-out":
+        examples["split"] = leave_one_out_split(examples)
+    vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
+    del events
+    _write(histories.to_arrow(), out / "sequences.parquet")
+    _write(
+        pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], schema=EXAMPLE_SCHEMA, preserve_index=False),
+        out / "examples.parquet",
+    )
+    values = histories.values
+    return EngineOutput(
+        vocabularies=vocabularies,
+        counts={
+            "users": len(histories.user_ids),
+            "events": int(histories.offsets[-1]),
+            **example_counts(examples),
+        },
+        max_ids={k: int(values[k].max()) if len(values[k]) else -1 for k in ("advertiser_id", "category_id")},
+        examples=examples,
+    )
 
 
 def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
@@ -289,45 +333,27 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     log.info("training set %s: %d history day(s), examples %s..%s", cfg.name, len(days), start, end)
 
     if cfg.engine == "spark":
-        from features.spark.training_sets import histories_examples_vocabularies
+        from features.spark.training_sets import write_training_files
 
-        histories, examples, vocabularies = histories_examples_vocabularies(ws, days, start, end, cfg)
+        step = write_training_files(ws, days, start, end, cfg, out)
     else:
-        events = read_events(ws, days)
-        histories = build_histories(events)
-        examples = build_examples(events, histories, start, end, cfg)
-        if cfg.split == "leave-one-out":
-            examples["split"] = leave_one_out_split(examples)
-        vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
-        del events
-    save_vocabularies(vocabularies, out)
+        step = _local_engine(ws, days, start, end, cfg, out)
+    save_vocabularies(step.vocabularies, out)
     _write(_items(ws, end), out / "items.parquet")
-    _write(histories.to_arrow(), out / "sequences.parquet")
-    _write(
-        pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], preserve_index=False), out / "examples.parquet"
-    )
 
     ranker, refs = None, []
     if cfg.join_features:
-        ranker, refs = join_features(ws, examples, cfg)
+        ranker, refs = join_features(ws, step.examples, cfg)
         _write(ranker, out / "ranker.parquet")
 
-    split_counts = examples["split"].value_counts()
     manifest = {
         "name": cfg.name,
         "start": start.isoformat(),
         "end": end.isoformat(),
         "history_days": [days[0].isoformat(), days[-1].isoformat()],
-        "counts": {
-            "users": len(histories.user_ids),
-            "events": int(histories.offsets[-1]),
-            "examples": len(examples),
-            **{f"examples_{s}": int(split_counts.get(s, 0)) for s in SPLITS},
-            "clicks": int(examples["click"].sum()),
-            "conversions": int(examples["conversion"].sum()),
-        },
-        "vocab_sizes": _vocab(examples, histories, ranker, vocabularies, cfg.vocabulary.max_rows),
-        "vocabulary": {f: {"rows": v.size, "hash_buckets": v.buckets} for f, v in vocabularies.items()},
+        "counts": step.counts,
+        "vocab_sizes": _vocab(step.max_ids, ranker, step.vocabularies, cfg.vocabulary.max_rows),
+        "vocabulary": {f: {"rows": v.size, "hash_buckets": v.buckets} for f, v in step.vocabularies.items()},
         "split": cfg.split,
         "history_fields": ["ad_id", "action", "surface", "category_id", "advertiser_id", "ts"],
         "feature_refs": refs,

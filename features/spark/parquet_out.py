@@ -6,21 +6,20 @@ Spark's own ``DataFrame.write.parquet`` would change the types readers see (ever
 the frame's order (a sorted frame gives files whose concatenation, in name order, is sorted). Nothing but a
 per-file row count reaches the driver.
 
-``collect_arrow`` brings a frame to the driver process through such files instead of ``toArrow()``, which
-gathers every row in the driver JVM's heap first.
+``merge_parts`` concatenates a folder's part files into the one file a reader expects, a row group at a time: the
+driver holds one row group, never the table (``toArrow()`` would gather every row in the driver JVM's heap first:
+a 50M-event training window broke an 8 GB driver there).
 """
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from features.feature_repo.offline import PARQUET_OPTIONS, read_partition, write_partition
+from features.feature_repo.offline import PARQUET_OPTIONS, write_partition
 
 
 def write_parquet(frame: DataFrame, folder: Path, schema: pa.Schema | None = None) -> int:
@@ -53,6 +52,8 @@ def write_parquet(frame: DataFrame, folder: Path, schema: pa.Schema | None = Non
             tmp.replace(path)
         yield pa.RecordBatch.from_pydict({"rows": [rows]}, schema=pa.schema([("rows", pa.int64())]))
 
+    if schema is not None:  # the frame's columns in the schema's order
+        frame = frame.select(*schema.names)
     written = sum(r.rows for r in frame.mapInArrow(write_task, "rows long").collect())
     if written == 0:  # an empty partition still has its file, with the schema (as the local engine writes it)
         empty = schema.empty_table() if schema is not None else frame.limit(0).toArrow()
@@ -60,13 +61,21 @@ def write_parquet(frame: DataFrame, folder: Path, schema: pa.Schema | None = Non
     return written
 
 
-def collect_arrow(frame: DataFrame, scratch: Path) -> pa.Table:
-    """``frame``'s rows in the driver process, in its order, read back from part files its executors wrote under
-    ``scratch`` (removed after). ``toArrow()`` holds the whole result in the driver JVM before Python sees it: a
-    50M-event training window broke an 8 GB driver there, while here the rows cost the driver their Arrow size."""
-    folder = scratch / f"collect-{uuid.uuid4().hex}"
-    try:
-        write_parquet(frame, folder)
-        return read_partition(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def merge_parts(folder: Path, path: Path, columns: list[str] | None = None) -> int:
+    """Concatenate ``folder``'s parquet files (name order: the frame's order) into the one file ``path``,
+    streamed row group by row group; ``columns`` picks and orders the columns. Returns the rows written."""
+    parts = sorted(folder.glob("*.parquet"))
+    schema = pq.read_schema(parts[0]).remove_metadata()
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    options = {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
+    tmp, rows = path.with_name(f".{path.name}.tmp"), 0
+    with pq.ParquetWriter(tmp, schema, **options) as writer:
+        for part in parts:
+            source = pq.ParquetFile(part)
+            for group in range(source.num_row_groups):
+                table = source.read_row_group(group, columns=columns).replace_schema_metadata(None)
+                writer.write_table(table, row_group_size=PARQUET_OPTIONS["row_group_size"])
+                rows += table.num_rows
+    tmp.replace(path)
+    return rows

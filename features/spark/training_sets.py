@@ -1,41 +1,44 @@
-"""The training set's distributed stages on Spark: the accepted-events read (events + their day's ads), the
-per-user histories, the leak-free cut of every example and the vocabulary counts.
+"""The training set's engine step on Spark: the accepted-events read (events + their day's ads), the per-user
+histories, the examples (``features.spark.examples``) and the vocabulary counts, with the two big files written
+by the executors.
 
 Each produces what the embedded engine's function of the same job produces (``features.stats.read_events``,
-``features.histories.build_histories`` / ``cut_points``, ``Vocabulary.build``'s counts), so
-``features.training_sets`` assembles, splits and writes both engines' results with one code path:
+``features.histories.build_histories``, ``features.training_sets.examples_frame`` and ``features.splits``,
+``Vocabulary.build``'s counts), and ``features.training_sets`` shares the rest (items, the Feast join, the
+manifest), so the files come out value-identical:
 
 - histories: ``collect_list`` of (ts_us, event_id, fields) per user, sorted as structs, so (ts, event_id) order;
-- cut: ``rank() - 1`` over the user's events ordered by whole seconds = how many of them fall strictly before
-  the example's second (ties share the rank of their first row, exactly ``searchsorted(..., side="left")``);
 - vocabulary: ``groupBy(id).count()`` over the training period.
 
-What comes back to the driver is what the training set files hold (one row per user, one per impression), through
-part files (``features.spark.parquet_out.collect_arrow``), and the per-id counts, never the event log itself.
+``sequences.parquet`` and ``examples.parquet`` are sorted and written by the executors as part files, then
+concatenated row group by row group (``features.spark.parquet_out``): the driver holds one row group, the per-id
+counts and a few aggregates, never the event log or a table of it. Only ``join_features`` still reads the
+examples into the driver (the Feast point-in-time join runs on Feast's local offline store).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features.feature_repo.offline import partition_files
-from features.histories import SECOND_US, Histories
+from features.histories import SECOND_US, SEQUENCES_SCHEMA
 from features.schema import ACTIONS, HISTORY_FIELDS, SURFACES
-from features.spark.parquet_out import collect_arrow
+from features.spark import examples as spark_examples
+from features.spark.parquet_out import merge_parts, write_parquet
+from features.training_sets import EXAMPLE_PARTS_SCHEMA, EXAMPLE_SCHEMA, SPLITS
 from features.vocabulary import ID_FIELDS
 from gemflow.workspace import Workspace
 
-IMPRESSION = ACTIONS.index("impression")
-SCRATCH = ".spark-scratch"  # under the workspace: executors write what the driver reads back (collect_arrow)
+SCRATCH = ".spark-scratch"  # under the workspace: the executors' part files before they are merged
 EPOCH = dt.date(1970, 1, 1)
 EPOCH_ORDINAL = EPOCH.toordinal()  # day ordinal = days since 1970-01-01 + this (py4j cannot send year 1)
 
@@ -83,47 +86,57 @@ def read_events(spark: SparkSession, ws: Workspace, days: list[dt.date]) -> Data
     )
 
 
-def check_known_ads(events: DataFrame) -> None:
-    unknown = events.where(F.col("advertiser_id").isNull())
-    count = unknown.count()
-    if count:
-        sample = [r.ad_id for r in unknown.select("ad_id").limit(5).collect()]
-        raise ValueError(
-            f"{count} accepted event(s) reference ads missing from their day's ads snapshot, e.g. ad_id {sample}"
-        )
+def refuse_unknown_ads(events: DataFrame, count: int) -> None:
+    """``count`` accepted events (> 0) whose ad is missing from their day's ads snapshot: say which."""
+    sample = [
+        r.ad_id for r in events.where(F.col("advertiser_id").isNull()).select("ad_id").limit(5).collect()
+    ]
+    raise ValueError(
+        f"{count} accepted event(s) reference ads missing from their day's ads snapshot, e.g. ad_id {sample}"
+    )
 
 
-def build_histories(events: DataFrame, scratch: Path) -> Histories:
-    """Every user's events in (ts, event_id) order, one row per user in ``user_id`` order (``scratch``: see
-    ``collect_arrow``)."""
+def write_histories(events: DataFrame, path: Path, scratch: Path) -> None:
+    """``sequences.parquet`` (``Histories.to_arrow``'s rows: every user's events in (ts, event_id) order, one row
+    per user in ``user_id`` order), written by the executors and merged into one file."""
     fields = [f for f in HISTORY_FIELDS if f != "ts"]
     per_user = events.groupBy("user_id").agg(
         F.sort_array(F.collect_list(F.struct("ts_us", "event_id", *fields, "ts_s"))).alias("h")
     )
-    columns = [F.col(f"h.{name}").alias(name) for name in (*fields, "ts_s")]
-    table = collect_arrow(per_user.select("user_id", *columns).orderBy("user_id"), scratch)
-    if table.num_rows == 0:
-        empty = np.zeros(0, np.int64)
-        return Histories(empty, np.zeros(1, np.int64), {name: empty for name in HISTORY_FIELDS})
-    lists = {name: table.column(name).combine_chunks() for name in (*fields, "ts_s")}
-    offsets = lists["ts_s"].offsets.to_numpy().astype(np.int64)
-    values = {name: pc.list_flatten(lists[name]).to_numpy().astype(np.int64) for name in fields}
-    values["ts"] = pc.list_flatten(lists["ts_s"]).to_numpy().astype(np.int64)
-    user_ids = table.column("user_id").to_numpy().astype(np.int64)
-    return Histories(user_ids=user_ids, offsets=offsets, values=values)
+    columns = [F.col(f"h.{name}").alias(name) for name in fields] + [F.col("h.ts_s").alias("ts")]
+    _write_file(per_user.select("user_id", *columns).orderBy("user_id"), path, scratch, SEQUENCES_SCHEMA)
 
 
-def impressions_with_cut(events: DataFrame, start: dt.date, end: dt.date, scratch: Path) -> pd.DataFrame:
-    """The impressions of [start, end] with ``cut``: the user's events strictly before the impression's second."""
-    by_second = Window.partitionBy("user_id").orderBy("ts_s")
-    ranked = events.withColumn("cut", (F.rank().over(by_second) - 1).cast("long"))
-    imp = ranked.where(
-        (F.col("day") >= start.toordinal())
-        & (F.col("day") <= end.toordinal())
-        & (F.col("action") == IMPRESSION)
-    )
-    # self_destruct: each column's Arrow buffers are freed as it converts (the driver holds one copy, not two)
-    return collect_arrow(imp.drop("ts_s", "action"), scratch).to_pandas(split_blocks=True, self_destruct=True)
+def write_examples(events: DataFrame, start: dt.date, end: dt.date, cfg, path: Path, scratch: Path):
+    """``examples.parquet``, assembled, split, sorted and written by the executors. Returns (users, the folder of
+    the example part files: ``EXAMPLE_SCHEMA`` + ``event_timestamp``; the caller removes it)."""
+    users, user_count = spark_examples.user_rows(events)
+    rows = spark_examples.examples(events, users, start, end, cfg).drop("ts_us")
+    parts = scratch / f"examples-{uuid.uuid4().hex}"
+    write_parquet(rows, parts, EXAMPLE_PARTS_SCHEMA)
+    merge_parts(parts, path, list(EXAMPLE_SCHEMA.names))
+    return user_count, parts
+
+
+def example_counts(spark: SparkSession, parts: Path) -> dict[str, int]:
+    """The manifest's example counts (``features.training_sets.example_counts``) from the example part files."""
+    examples = spark.read.parquet(str(parts))
+    row = examples.agg(
+        F.count(F.lit(1)).alias("examples"),
+        *[F.count(F.when(F.col("split") == s, 1)).alias(f"examples_{s}") for s in SPLITS],
+        F.coalesce(F.sum("click"), F.lit(0)).alias("clicks"),
+        F.coalesce(F.sum("conversion"), F.lit(0)).alias("conversions"),
+    ).first()
+    return {k: int(v) for k, v in row.asDict().items()}
+
+
+def _write_file(frame: DataFrame, path: Path, scratch: Path, schema: pa.Schema) -> None:
+    folder = scratch / f"parts-{uuid.uuid4().hex}"
+    try:
+        write_parquet(frame, folder, schema)
+        merge_parts(folder, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
@@ -133,15 +146,14 @@ class IdCounts:
 
 
 def period_counts(
-    spark: SparkSession, events: DataFrame, *, before_day: int | None, held_out: np.ndarray
+    events: DataFrame, *, before_day: int | None, held_out: DataFrame | None
 ) -> dict[str, IdCounts]:
     """Per ``ID_FIELDS`` id: its events in the training period (``features.training_sets.training_period``):
-    days before ``before_day`` (split "time") or every event but the ``held_out`` example ids."""
+    days before ``before_day`` (split "time") or every event but the ``held_out`` examples (``example_id``)."""
     if before_day is not None:
         period = events.where(F.col("day") < before_day)
     else:
-        ids = spark.createDataFrame(pa.table({"event_id": pa.array(held_out, pa.int64())}))
-        period = events.join(F.broadcast(ids), on="event_id", how="left_anti")
+        period = events.join(held_out.select(F.col("example_id").alias("event_id")), "event_id", "left_anti")
     out = {}
     for name in ID_FIELDS:
         table = period.groupBy(name).count().toArrow()
@@ -151,35 +163,47 @@ def period_counts(
     return out
 
 
-def histories_examples_vocabularies(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.date, cfg):
-    """``build_training_set``'s engine step on Spark: (histories, examples, vocabularies) equal to the local
-    engine's for the same offline store."""
+def write_training_files(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.date, cfg, out: Path):
+    """``build_training_set``'s engine step on Spark: ``sequences.parquet`` and ``examples.parquet`` under
+    ``out`` and what the manifest needs (``features.training_sets.EngineOutput``), equal to the local engine's
+    for the same offline store."""
     from features.spark.session import spark_session
-    from features.splits import leave_one_out_split
-    from features.training_sets import examples_frame, first_held_out_day, held_out_ids
+    from features.training_sets import EngineOutput, first_held_out_day, read_examples_for_join
     from features.vocabulary import Vocabulary
 
     spark = spark_session(cfg.spark)
+    scratch = ws.root / SCRATCH
     events = read_events(spark, ws, days).persist()
+    parts = None
     try:
-        check_known_ads(events)
-        scratch = ws.root / SCRATCH
-        histories = build_histories(events, scratch)
-        imp = impressions_with_cut(events, start, end, scratch)
-        user_row = np.searchsorted(histories.user_ids, imp["user_id"].to_numpy(np.int64))
-        examples = examples_frame(imp, user_row, imp["cut"].to_numpy(np.int64), end, cfg)
-        if cfg.split == "leave-one-out":
-            examples["split"] = leave_one_out_split(examples)
+        summary = events.agg(
+            F.count(F.lit(1)).alias("events"),
+            F.count(F.when(F.col("advertiser_id").isNull(), 1)).alias("unknown_ads"),
+            F.max("advertiser_id").alias("advertiser_id"),
+            F.max("category_id").alias("category_id"),
+        ).first()
+        if summary.unknown_ads:
+            refuse_unknown_ads(events, summary.unknown_ads)
+        write_histories(events, out / "sequences.parquet", scratch)
+        users, parts = write_examples(events, start, end, cfg, out / "examples.parquet", scratch)
         time_split = cfg.split == "time"
+        held_out = None if time_split else spark.read.parquet(str(parts)).where(F.col("split") != "train")
         counts = period_counts(
-            spark,
-            events,
-            before_day=first_held_out_day(end, cfg) if time_split else None,
-            held_out=np.zeros(0, np.int64) if time_split else held_out_ids(examples),
+            events, before_day=first_held_out_day(end, cfg) if time_split else None, held_out=held_out
+        )
+        result = EngineOutput(
+            vocabularies={
+                name: Vocabulary.from_counts(name, c.ids, c.counts, cfg.vocabulary)
+                for name, c in counts.items()
+            },
+            counts={"users": users, "events": summary.events, **example_counts(spark, parts)},
+            max_ids={
+                k: -1 if summary[k] is None else int(summary[k]) for k in ("advertiser_id", "category_id")
+            },
+            examples=read_examples_for_join(parts) if cfg.join_features else None,
         )
     finally:
         events.unpersist()
-    vocabularies = {
-        name: Vocabulary.from_counts(name, c.ids, c.counts, cfg.vocabulary) for name, c in counts.items()
-    }
-    return histories, examples, vocabularies
+        if parts is not None:
+            shutil.rmtree(parts, ignore_errors=True)
+    return result
