@@ -14,9 +14,10 @@ Steps, each logged with its duration:
    ``features.feature_repo.online`` (Feast's semantics and storage layout, values encoded vectorized);
    ``feast`` calls ``FeatureStore.materialize`` / ``push`` (same online values, ~10x slower).
 
-``engine: spark`` (``--set engine=spark``) runs steps 1-3 on Spark DataFrames (``features.spark.ingest``: the
+``engine: spark`` (``--set engine=spark``) runs steps 1-4 on Spark DataFrames (``features.spark.ingest``: the
 same suites through GX's Spark datasource, the same quarantine, the accepted partitions written by the
-executors); steps 4-5 are shared. The steps live in ``features.ingestion`` (raw, offline, online).
+executors; ``features.spark.derived``: the derived tables computed and written by the executors); step 5 is
+shared. The steps live in ``features.ingestion`` (raw, offline, online).
 
 Running a date twice leaves byte-identical offline partitions and identical online values. The run's config and
 a JSON summary land in ``ws.reports(D)``.

@@ -102,10 +102,16 @@ def derive_features(ws: Workspace, day: dt.date, cfg) -> tuple[dict[str, int], d
     recent: dict[dt.date, pa.Table] = {}
     refreshed = [day, *later]
     for d in tqdm(refreshed, desc="derive features", unit="day", disable=len(refreshed) < 2):
-        tables = derive_day(ws, d, cfg)
-        for name, table in tables.items():
-            written = write_table(ws, name, d, table)
-            if d == day:
-                rows[name] = written
-        recent[d] = tables["user_recent_events"]
+        if cfg.engine == "spark":
+            from features.spark.derived import write_derived_day
+            from features.spark.session import spark_session
+
+            written = write_derived_day(spark_session(cfg.spark), ws, d, cfg)
+            recent[d] = read_partition(ws.offline("user_recent_events", d))
+        else:
+            tables = derive_day(ws, d, cfg)
+            written = {name: write_table(ws, name, d, table) for name, table in tables.items()}
+            recent[d] = tables["user_recent_events"]
+        if d == day:
+            rows.update(written)
     return rows, recent

@@ -9,8 +9,9 @@
   executors with the offline store's writer and exact schema (``features.spark.parquet_out``); the day's
   profile/attribute rows from the accepted users/ads snapshots with the local engine's functions.
 
-Steps 4-5 (derived feature tables, online publish) are shared with the local engine and read the offline
-store these writes produced, so identical offline contents give identical online contents.
+Step 4 (derived feature tables) runs on Spark too (``features.spark.derived``); step 5 (online publish) is
+shared with the local engine and reads the offline store these writes produced, so identical offline contents
+give identical online contents.
 """
 
 from __future__ import annotations
