@@ -141,11 +141,12 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
         timed("vocabulary", ts.build_vocabularies, period, cfg.vocabulary)
     else:
         from features.spark import training_sets as st
+        from features.spark.offline_read import read_events
         from features.spark.session import spark_session
 
         spark = timed("session start", spark_session, SparkConfig(master=f"local[{os.cpu_count()}]", **SPARK))
         scratch = ws.root / st.SCRATCH
-        events = st.read_events(spark, ws, all_days).persist()
+        events = read_events(spark, ws, all_days).persist()
         timed("read + ads join", events.count)
         timed("histories", st.write_histories, events, out / "sequences.parquet", scratch)
         _, parts = timed(

@@ -19,9 +19,10 @@
 - ``manifest.json``: vocab sizes (rows per model table), counts, date range, feature refs, config.
 
 ``engine: spark`` (``--set engine=spark``) runs the engine step (accepted-events read, histories, examples with
-their cuts and splits, vocabulary counts, and the writing of ``sequences.parquet`` / ``examples.parquet``) on
-Spark's executors (``features.spark.training_sets``); items, the Feast join and the manifest are shared with the
-local engine, and the files come out value-identical (``tests/features/test_spark_engine.py``).
+their cuts and splits, vocabulary counts, the point-in-time feature join, and the writing of ``sequences``,
+``examples`` and ``ranker`` parquet) on Spark's executors (``features.spark.training_sets``); items and the
+manifest are shared with the local engine, and the files come out value-identical
+(``tests/features/test_spark_engine.py``).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def examples_frame(
     imp: pd.DataFrame, user_row: np.ndarray, cut: np.ndarray, end: dt.date, cfg
 ) -> pd.DataFrame:
     """The example rows of impressions ``imp`` (columns of ``read_events``) given each one's history row and
-    cut, in (ts, example_id) order: the one assembly both engines use."""
+    cut, in (ts, example_id) order (``features.spark.examples`` is the Spark engine's)."""
     ts_seconds = imp["ts_us"].to_numpy(np.int64) // SECOND_US
     examples = pd.DataFrame(
         {
@@ -141,17 +142,22 @@ def examples_frame(
     return examples.iloc[order].reset_index(drop=True)
 
 
-def _feature_refs(store, service_name: str, with_embedding: bool) -> list[str]:
-    service = store.get_feature_service(service_name)
+def feature_store_refs(ws: Workspace, cfg: TrainingSetConfig) -> tuple:
+    """The applied feature store and the refs of ``cfg.feature_service`` a ranker set joins (the embedding view
+    only once an embedding refresh has written it)."""
+    from features.store import open_store
+
+    store = open_store(ws, cfg.feature_store, apply=True)
+    with_embedding = bool(partition_days(ws, "offline", EMBEDDING_VIEW))
     refs = []
-    for projection in service.feature_view_projections:
+    for projection in store.get_feature_service(cfg.feature_service).feature_view_projections:
         if projection.name == EMBEDDING_VIEW and not with_embedding:
             continue
         refs += [f"{projection.name}:{f.name}" for f in projection.features]
-    return refs
+    return store, refs
 
 
-def _ranker_schema(examples: pa.Schema, refs: list[str]) -> pa.Schema:
+def ranker_schema(examples: pa.Schema, refs: list[str]) -> pa.Schema:
     fields = list(examples)
     for ref in refs:
         view, name = ref.split(":")
@@ -166,11 +172,7 @@ def join_features(
     ws: Workspace, examples: pd.DataFrame, cfg: TrainingSetConfig
 ) -> tuple[pa.Table, list[str]]:
     """The examples joined point in time with the feature service (no row later than its example)."""
-    from features.store import open_store
-
-    store = open_store(ws, cfg.feature_store, apply=True)
-    with_embedding = bool(partition_days(ws, "offline", EMBEDDING_VIEW))
-    refs = _feature_refs(store, cfg.feature_service, with_embedding)
+    store, refs = feature_store_refs(ws, cfg)
     # Feast keys its join on (entities, timestamp): send each distinct key once, then map back to examples.
     keys = examples[["user_id", "ad_id", EVENT_TS]].drop_duplicates(ignore_index=True)
     features = store.get_historical_features(
@@ -183,8 +185,7 @@ def join_features(
     for name in ("user_embedding", "model_version"):
         if name not in joined.columns:
             joined[name] = None
-    base = pa.Table.from_pandas(examples, preserve_index=False).schema
-    schema = _ranker_schema(base, refs)
+    schema = ranker_schema(EXAMPLE_PARTS_SCHEMA, refs)  # event_timestamp in µs, as the offline store keeps it
     table = pa.Table.from_pandas(joined[schema.names], schema=schema, preserve_index=False)
     return table, refs
 
@@ -211,9 +212,7 @@ def build_vocabularies(period: pd.DataFrame, cfg: VocabularyConfig) -> dict[str,
     return {f: Vocabulary.build(f, period[f].to_numpy(np.int64), cfg) for f in ID_FIELDS}
 
 
-def _vocab(
-    max_ids: dict[str, int], ranker: pa.Table | None, vocabularies: dict[str, Vocabulary], max_rows: int
-) -> dict[str, int]:
+def _vocab(max_ids: dict[str, int], vocabularies: dict[str, Vocabulary], max_rows: int) -> dict[str, int]:
     vocab = {
         "user_id": vocabularies["user_id"].size,
         "ad_id": vocabularies["ad_id"].size,
@@ -223,9 +222,8 @@ def _vocab(
         "surface": len(SURFACES),
         "gender": len(GENDERS),
     }
-    if ranker is not None and "user_country" in ranker.column_names:
-        country = ranker.column("user_country").drop_null().to_numpy()
-        vocab["country"] = int(country.max()) + 1 if len(country) else 0
+    if "user_country" in max_ids:  # joined from the user profile (ranker sets)
+        vocab["country"] = max_ids["user_country"] + 1
     for name, rows in vocab.items():  # attribute ids are used as rows directly: refuse a huge table here
         if rows > max_rows:
             raise VocabularyError(
@@ -254,12 +252,13 @@ def _write(table: pa.Table, path: Path) -> None:
 
 @dataclass
 class EngineOutput:
-    """What an engine's step leaves besides ``sequences.parquet`` and ``examples.parquet``."""
+    """What an engine's step leaves besides its files (``sequences``, ``examples``, ``ranker`` parquet)."""
 
     vocabularies: dict[str, Vocabulary]
     counts: dict[str, int]  # users, events, examples, examples_<split>, clicks, conversions
-    max_ids: dict[str, int]  # advertiser_id, category_id: the largest in the histories (-1: none)
-    examples: pd.DataFrame | None  # EXAMPLE_PARTS_SCHEMA's columns, for the Feast join (None: not asked)
+    # advertiser_id, category_id: the largest in the histories; user_country: in ranker.parquet, when joined
+    max_ids: dict[str, int]  # -1: none
+    feature_refs: list[str]  # what ranker.parquet joined ([]: not asked)
 
 
 def example_counts(examples: pd.DataFrame) -> dict[str, int]:
@@ -270,14 +269,6 @@ def example_counts(examples: pd.DataFrame) -> dict[str, int]:
         "clicks": int(examples["click"].sum()),
         "conversions": int(examples["conversion"].sum()),
     }
-
-
-def read_examples_for_join(folder: Path) -> pd.DataFrame:
-    """Example part files (``EXAMPLE_PARTS_SCHEMA``) as the frame ``examples_frame`` gives."""
-    table = read_partition(folder)
-    examples = table.drop_columns([EVENT_TS]).to_pandas()
-    examples[EVENT_TS] = table.column(EVENT_TS).to_pandas().to_numpy()
-    return examples
 
 
 def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.date, cfg, out: Path):
@@ -295,6 +286,14 @@ def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.da
         out / "examples.parquet",
     )
     values = histories.values
+    max_ids = {k: int(values[k].max()) if len(values[k]) else -1 for k in ("advertiser_id", "category_id")}
+    refs = []
+    if cfg.join_features:
+        ranker, refs = join_features(ws, examples, cfg)
+        _write(ranker, out / "ranker.parquet")
+        if "user_country" in ranker.column_names:
+            country = ranker.column("user_country").drop_null().to_numpy()
+            max_ids["user_country"] = int(country.max()) if len(country) else -1
     return EngineOutput(
         vocabularies=vocabularies,
         counts={
@@ -302,8 +301,8 @@ def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.da
             "events": int(histories.offsets[-1]),
             **example_counts(examples),
         },
-        max_ids={k: int(values[k].max()) if len(values[k]) else -1 for k in ("advertiser_id", "category_id")},
-        examples=examples,
+        max_ids=max_ids,
+        feature_refs=refs,
     )
 
 
@@ -341,22 +340,17 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     save_vocabularies(step.vocabularies, out)
     _write(_items(ws, end), out / "items.parquet")
 
-    ranker, refs = None, []
-    if cfg.join_features:
-        ranker, refs = join_features(ws, step.examples, cfg)
-        _write(ranker, out / "ranker.parquet")
-
     manifest = {
         "name": cfg.name,
         "start": start.isoformat(),
         "end": end.isoformat(),
         "history_days": [days[0].isoformat(), days[-1].isoformat()],
         "counts": step.counts,
-        "vocab_sizes": _vocab(step.max_ids, ranker, step.vocabularies, cfg.vocabulary.max_rows),
+        "vocab_sizes": _vocab(step.max_ids, step.vocabularies, cfg.vocabulary.max_rows),
         "vocabulary": {f: {"rows": v.size, "hash_buckets": v.buckets} for f, v in step.vocabularies.items()},
         "split": cfg.split,
         "history_fields": ["ad_id", "action", "surface", "category_id", "advertiser_id", "ts"],
-        "feature_refs": refs,
+        "feature_refs": step.feature_refs,
         "files": sorted(p.name for p in out.glob("*.parquet")),
         "config": to_dict(cfg),
         "seconds": round(time.perf_counter() - t0, 2),

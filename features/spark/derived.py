@@ -26,8 +26,8 @@ from features.feature_repo.tables import (
 )
 from features.recent_events import LIST_COLUMNS, SECOND_US
 from features.schema import ACTION_ID
+from features.spark.offline_read import read_days, read_events
 from features.spark.parquet_out import write_parquet
-from features.spark.training_sets import _read_days, read_events
 from gemflow.workspace import Workspace
 
 
@@ -102,7 +102,7 @@ def write_derived_day(spark: SparkSession, ws: Workspace, day: dt.date, cfg) -> 
     window = [day - dt.timedelta(days=k) for k in range(cfg.lookback_days - 1, -1, -1)]
     events = read_events(spark, ws, window).persist()
     try:
-        ads = _read_days(spark, ws, "ads", [day], ["ad_id"])
+        ads = read_days(spark, ws, "ads", [day], ["ad_id"])
         return {
             "ad_stats": write_parquet(ad_stats(events, ads, day), ws.offline("ad_stats", day), AD_STATS),
             "user_recent_events": write_parquet(

@@ -82,7 +82,7 @@ def _split_leave_one_out(examples: DataFrame) -> DataFrame:
 
 def examples(events: DataFrame, users: DataFrame, start: dt.date, end: dt.date, cfg) -> DataFrame:
     """The impressions of [start, end] as example rows (``EXAMPLE_COLUMNS`` + ``event_timestamp``), in
-    (ts, example_id) order; ``events`` as ``features.spark.training_sets.read_events`` gives them."""
+    (ts, example_id) order; ``events`` as ``features.spark.offline_read.read_events`` gives them."""
     by_second = Window.partitionBy("user_id").orderBy("ts_s")
     ranked = events.withColumn("cut", (F.rank().over(by_second) - 1).cast("long"))
     imp = ranked.where(

@@ -1,19 +1,18 @@
-"""The training set's engine step on Spark: the accepted-events read (events + their day's ads), the per-user
+"""The training set's engine step on Spark: the accepted-events read (``features.spark.offline_read``), the per-user
 histories, the examples (``features.spark.examples``) and the vocabulary counts, with the two big files written
 by the executors.
 
 Each produces what the embedded engine's function of the same job produces (``features.stats.read_events``,
 ``features.histories.build_histories``, ``features.training_sets.examples_frame`` and ``features.splits``,
-``Vocabulary.build``'s counts), and ``features.training_sets`` shares the rest (items, the Feast join, the
-manifest), so the files come out value-identical:
+``Vocabulary.build``'s counts), and ``features.training_sets`` shares the rest (items, the manifest), so the files come out value-identical:
 
 - histories: ``collect_list`` of (ts_us, event_id, fields) per user, sorted as structs, so (ts, event_id) order;
 - vocabulary: ``groupBy(id).count()`` over the training period.
 
 ``sequences.parquet`` and ``examples.parquet`` are sorted and written by the executors as part files, then
 concatenated row group by row group (``features.spark.parquet_out``): the driver holds one row group, the per-id
-counts and a few aggregates, never the event log or a table of it. Only ``join_features`` still reads the
-examples into the driver (the Feast point-in-time join runs on Feast's local offline store).
+counts and a few aggregates, never the event log or a table of it; ``ranker.parquet`` (``join_features``) is
+joined point in time and written the same way (``features.spark.point_in_time``).
 """
 
 from __future__ import annotations
@@ -26,64 +25,19 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features.feature_repo.offline import partition_files
-from features.histories import SECOND_US, SEQUENCES_SCHEMA
-from features.schema import ACTIONS, HISTORY_FIELDS, SURFACES
+from features.histories import SEQUENCES_SCHEMA
+from features.schema import HISTORY_FIELDS
 from features.spark import examples as spark_examples
+from features.spark.offline_read import read_events
 from features.spark.parquet_out import merge_parts, write_parquet
 from features.training_sets import EXAMPLE_PARTS_SCHEMA, EXAMPLE_SCHEMA, SPLITS
 from features.vocabulary import ID_FIELDS
 from gemflow.workspace import Workspace
 
 SCRATCH = ".spark-scratch"  # under the workspace: the executors' part files before they are merged
-EPOCH = dt.date(1970, 1, 1)
-EPOCH_ORDINAL = EPOCH.toordinal()  # day ordinal = days since 1970-01-01 + this (py4j cannot send year 1)
-
-
-def _read_days(spark: SparkSession, ws: Workspace, table: str, days: list[dt.date], columns: list[str]):
-    """Accepted rows of ``table`` for ``days`` plus ``day`` (the date's ordinal, as ``read_days`` gives it)."""
-    folders = [str(ws.offline(table, d)) for d in days if partition_files(ws.offline(table, d))]
-    if not folders:
-        raise FileNotFoundError(f"no accepted {table} partitions for {days[0]}..{days[-1]}")
-    frame = spark.read.option("basePath", str(ws.offline(table))).parquet(*folders)
-    day = F.datediff(F.to_date(F.col("date").cast("string")), F.lit(EPOCH.isoformat()).cast("date"))
-    return frame.select(*columns, (day + EPOCH_ORDINAL).cast("long").alias("day"))
-
-
-def _vocab_id(column: str, vocabulary: tuple[str, ...]) -> Column:
-    # array_position is 1-based (0 when absent); accepted rows always hold a known value.
-    return (F.array_position(F.array(*[F.lit(v) for v in vocabulary]), F.col(column)) - 1).cast("long")
-
-
-def read_events(spark: SparkSession, ws: Workspace, days: list[dt.date]) -> DataFrame:
-    """``features.stats.read_events`` on Spark: accepted events joined with their day's ads snapshot, ids for
-    action/surface, ``ts_us`` (µs) and ``ts_s`` (whole seconds, floored)."""
-    events = _read_days(
-        spark, ws, "events", days,
-        ["event_id", "user_id", "ad_id", "action", "surface", "ts", "click", "conversion"],
-    )  # fmt: skip
-    ads = _read_days(spark, ws, "ads", days, ["ad_id", "advertiser_id", "category_id", "quality"])
-    joined = events.join(ads, on=["day", "ad_id"], how="left")
-    ts_us = F.unix_micros("ts")
-    return joined.select(
-        "event_id",
-        "user_id",
-        "ad_id",
-        _vocab_id("action", ACTIONS).alias("action"),
-        _vocab_id("surface", SURFACES).alias("surface"),
-        "ts",
-        "click",
-        "conversion",
-        "day",
-        F.col("advertiser_id").cast("long").alias("advertiser_id"),
-        F.col("category_id").cast("long").alias("category_id"),
-        "quality",
-        ts_us.alias("ts_us"),
-        ((ts_us - F.pmod(ts_us, F.lit(SECOND_US))) / SECOND_US).cast("long").alias("ts_s"),
-    )
 
 
 def refuse_unknown_ads(events: DataFrame, count: int) -> None:
@@ -104,7 +58,7 @@ def write_histories(events: DataFrame, path: Path, scratch: Path) -> None:
         F.sort_array(F.collect_list(F.struct("ts_us", "event_id", *fields, "ts_s"))).alias("h")
     )
     columns = [F.col(f"h.{name}").alias(name) for name in fields] + [F.col("h.ts_s").alias("ts")]
-    _write_file(per_user.select("user_id", *columns).orderBy("user_id"), path, scratch, SEQUENCES_SCHEMA)
+    write_file(per_user.select("user_id", *columns).orderBy("user_id"), path, scratch, SEQUENCES_SCHEMA)
 
 
 def write_examples(events: DataFrame, start: dt.date, end: dt.date, cfg, path: Path, scratch: Path):
@@ -130,7 +84,7 @@ def example_counts(spark: SparkSession, parts: Path) -> dict[str, int]:
     return {k: int(v) for k, v in row.asDict().items()}
 
 
-def _write_file(frame: DataFrame, path: Path, scratch: Path, schema: pa.Schema) -> None:
+def write_file(frame: DataFrame, path: Path, scratch: Path, schema: pa.Schema) -> None:
     folder = scratch / f"parts-{uuid.uuid4().hex}"
     try:
         write_parquet(frame, folder, schema)
@@ -167,8 +121,9 @@ def write_training_files(ws: Workspace, days: list[dt.date], start: dt.date, end
     """``build_training_set``'s engine step on Spark: ``sequences.parquet`` and ``examples.parquet`` under
     ``out`` and what the manifest needs (``features.training_sets.EngineOutput``), equal to the local engine's
     for the same offline store."""
+    from features.spark.point_in_time import write_ranker_file
     from features.spark.session import spark_session
-    from features.training_sets import EngineOutput, first_held_out_day, read_examples_for_join
+    from features.training_sets import EngineOutput, first_held_out_day
     from features.vocabulary import Vocabulary
 
     spark = spark_session(cfg.spark)
@@ -191,16 +146,20 @@ def write_training_files(ws: Workspace, days: list[dt.date], start: dt.date, end
         counts = period_counts(
             events, before_day=first_held_out_day(end, cfg) if time_split else None, held_out=held_out
         )
+        max_ids = {k: -1 if summary[k] is None else int(summary[k]) for k in ("advertiser_id", "category_id")}
+        refs = []
+        if cfg.join_features:
+            refs, country = write_ranker_file(spark, ws, parts, cfg, out / "ranker.parquet", scratch)
+            if country is not None:
+                max_ids["user_country"] = country
         result = EngineOutput(
             vocabularies={
                 name: Vocabulary.from_counts(name, c.ids, c.counts, cfg.vocabulary)
                 for name, c in counts.items()
             },
             counts={"users": users, "events": summary.events, **example_counts(spark, parts)},
-            max_ids={
-                k: -1 if summary[k] is None else int(summary[k]) for k in ("advertiser_id", "category_id")
-            },
-            examples=read_examples_for_join(parts) if cfg.join_features else None,
+            max_ids=max_ids,
+            feature_refs=refs,
         )
     finally:
         events.unpersist()
