@@ -171,11 +171,11 @@ def ingest(ws: Workspace, day: dt.date, cfg: IngestConfig | None = None) -> dict
     else:
         raw_rows, results, derived_rows = _gate_and_write_local(ws, day, cfg, timings)
     with step("derive features", timings):
-        rows, recent = derive_features(ws, day, cfg)
+        rows, refreshed = derive_features(ws, day, cfg)
         derived_rows.update(rows)
     online: dict = {}
     if cfg.materialize or cfg.push_recent_events:
-        online = publish_online(ws, day, cfg, recent, timings)
+        online = publish_online(ws, day, cfg, refreshed, timings)
 
     total = time.perf_counter() - t0
     summary = {
@@ -192,7 +192,7 @@ def ingest(ws: Workspace, day: dt.date, cfg: IngestConfig | None = None) -> dict
             for table, result in results.items()
         },
         "derived_rows": derived_rows,
-        "refreshed_days": [d.isoformat() for d in recent],
+        "refreshed_days": [d.isoformat() for d in refreshed],
         "online": online,
         "timings_s": {**timings, "total": round(total, 3)},
         "events_per_second": round(raw_rows["events"] / total, 1) if total > 0 else None,

@@ -91,15 +91,14 @@ def derive_day(ws: Workspace, day: dt.date, cfg) -> dict[str, pa.Table]:
     }
 
 
-def derive_features(ws: Workspace, day: dt.date, cfg) -> tuple[dict[str, int], dict]:
+def derive_features(ws: Workspace, day: dt.date, cfg) -> tuple[dict[str, int], list[dt.date]]:
     """Write ad stats and recent events as of ``day`` (and of later ingested days whose window holds it).
 
-    Returns the rows written for ``day`` and the recent-events tables per refreshed day (oldest first)."""
+    Returns the rows written for ``day`` and the days refreshed (oldest first)."""
     horizon = day + dt.timedelta(days=cfg.lookback_days - 1)
     ingested = partition_days(ws, "offline", "events")
     later = [d for d in ingested if day < d <= horizon] if cfg.refresh_later_days else []
     rows: dict[str, int] = {}
-    recent: dict[dt.date, pa.Table] = {}
     refreshed = [day, *later]
     for d in tqdm(refreshed, desc="derive features", unit="day", disable=len(refreshed) < 2):
         if cfg.engine == "spark":
@@ -107,11 +106,9 @@ def derive_features(ws: Workspace, day: dt.date, cfg) -> tuple[dict[str, int], d
             from features.spark.session import spark_session
 
             written = write_derived_day(spark_session(cfg.spark), ws, d, cfg)
-            recent[d] = read_partition(ws.offline("user_recent_events", d))
         else:
             tables = derive_day(ws, d, cfg)
             written = {name: write_table(ws, name, d, table) for name, table in tables.items()}
-            recent[d] = tables["user_recent_events"]
         if d == day:
             rows.update(written)
-    return rows, recent
+    return rows, refreshed

@@ -101,8 +101,8 @@ def publish_without_gate(ws: Workspace, frames_by_day: dict, cfg=None) -> None:
     cfg = cfg or IngestConfig()
     for day, frames in sorted(frames_by_day.items()):
         write_accepted(ws, day, frames)
-        _, recent = derive_features(ws, day, cfg)
-        publish_online(ws, day, cfg, recent)
+        _, refreshed = derive_features(ws, day, cfg)
+        publish_online(ws, day, cfg, refreshed)
 
 
 def landed_days(ws: Workspace, days: list[dt.date], events_per_day: int):

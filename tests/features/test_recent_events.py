@@ -7,9 +7,11 @@ import datetime as dt
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 
 from features import recent_events
 from features.ingest import IngestConfig, ingest
+from features.ingestion.online import PUSH_USERS
 from features.stats import micros, read_events
 from features.store import open_store
 from tests.features.helpers import DAY0, write_raw
@@ -52,7 +54,10 @@ def _online_lists(store, users) -> dict[int, list[int]]:
     return {int(u): g["event_id"].tolist() for u, g in existing.groupby("user_id")}
 
 
-def test_daily_push_merges_and_keeps_live_events_newer_than_the_day(workspace):
+# 2: the day's users merged and pushed a few at a time
+@pytest.mark.parametrize("push_users", [PUSH_USERS, 2])
+def test_daily_push_merges_and_keeps_live_events_newer_than_the_day(workspace, monkeypatch, push_users):
+    monkeypatch.setattr("features.ingestion.online.PUSH_USERS", push_users)
     cfg = IngestConfig(gate={"data_docs": False}, recent_events=6)
     write_raw(workspace, DAY0)
     ingest(workspace, DAY0, cfg)
