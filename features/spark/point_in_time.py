@@ -77,5 +77,5 @@ def write_ranker_file(spark: SparkSession, ws: Workspace, parts: Path, cfg, path
     write_file(joined.orderBy(EVENT_TS, "example_id"), path, scratch, schema)
     if "user_country" not in schema.names:
         return refs, None
-    country = joined.agg(F.max("user_country")).first()[0]
+    country = spark.read.parquet(str(path)).agg(F.max("user_country")).first()[0]  # one column of the file
     return refs, -1 if country is None else int(country)
