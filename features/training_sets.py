@@ -185,7 +185,11 @@ def join_features(
     for name in ("user_embedding", "model_version"):
         if name not in joined.columns:
             joined[name] = None
-    schema = ranker_schema(EXAMPLE_PARTS_SCHEMA, refs)  # event_timestamp in µs, as the offline store keeps it
+    # the caller's columns (examples, or a skew check's request keys), event_timestamp in µs as the offline store
+    # keeps it and the Spark engine writes it
+    base = pa.Schema.from_pandas(examples, preserve_index=False)
+    stamp = base.get_field_index(EVENT_TS)
+    schema = ranker_schema(base.set(stamp, pa.field(EVENT_TS, pa.timestamp("us", tz="UTC"))), refs)
     table = pa.Table.from_pandas(joined[schema.names], schema=schema, preserve_index=False)
     return table, refs
 
