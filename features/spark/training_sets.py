@@ -118,9 +118,9 @@ def period_counts(
 
 
 def write_training_files(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.date, cfg, out: Path):
-    """``build_training_set``'s engine step on Spark: ``sequences.parquet`` and ``examples.parquet`` under
-    ``out`` and what the manifest needs (``features.training_sets.EngineOutput``), equal to the local engine's
-    for the same offline store."""
+    """``build_training_set``'s engine step on Spark: ``sequences``, ``examples`` (and with ``join_features``
+    ``ranker``) parquet under ``out`` and what the manifest needs (``features.training_sets.EngineOutput``),
+    equal to the local engine's for the same offline store."""
     from features.spark.point_in_time import write_ranker_file
     from features.spark.session import spark_session
     from features.training_sets import EngineOutput, first_held_out_day
