@@ -123,7 +123,7 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
 
         def histories_file():
             histories = build_histories(events)
-            ts._write(histories.to_arrow(), out / "sequences.parquet")
+            ts.write_table_file(histories.to_arrow(), out / "sequences.parquet")
             return histories
 
         histories = timed("histories", histories_file)
@@ -133,7 +133,7 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
             table = pa.Table.from_pandas(
                 examples[list(ts.EXAMPLE_COLUMNS)], schema=ts.EXAMPLE_SCHEMA, preserve_index=False
             )
-            ts._write(table, out / "examples.parquet")
+            ts.write_table_file(table, out / "examples.parquet")
             return examples
 
         examples = timed("examples (cuts)", examples_file)

@@ -248,7 +248,8 @@ def _items(ws: Workspace, end: dt.date) -> pa.Table:
     return read_partition(ws.offline("ads", days[-1]), columns).sort_by("ad_id")
 
 
-def _write(table: pa.Table, path: Path) -> None:
+def write_table_file(table: pa.Table, path: Path) -> None:
+    """One training-set file, written whole and renamed into place (a reader never sees half a file)."""
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table.replace_schema_metadata(None), tmp, **PARQUET_OPTIONS)
     tmp.replace(path)
@@ -284,8 +285,8 @@ def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.da
         examples["split"] = leave_one_out_split(examples)
     vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
     del events
-    _write(histories.to_arrow(), out / "sequences.parquet")
-    _write(
+    write_table_file(histories.to_arrow(), out / "sequences.parquet")
+    write_table_file(
         pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], schema=EXAMPLE_SCHEMA, preserve_index=False),
         out / "examples.parquet",
     )
@@ -294,7 +295,7 @@ def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.da
     refs = []
     if cfg.join_features:
         ranker, refs = join_features(ws, examples, cfg)
-        _write(ranker, out / "ranker.parquet")
+        write_table_file(ranker, out / "ranker.parquet")
         if "user_country" in ranker.column_names:
             country = ranker.column("user_country").drop_null().to_numpy()
             max_ids["user_country"] = int(country.max()) if len(country) else -1
@@ -342,7 +343,7 @@ def build_training_set(ws: Workspace, cfg: TrainingSetConfig) -> dict:
     else:
         step = _local_engine(ws, days, start, end, cfg, out)
     save_vocabularies(step.vocabularies, out)
-    _write(_items(ws, end), out / "items.parquet")
+    write_table_file(_items(ws, end), out / "items.parquet")
 
     manifest = {
         "name": cfg.name,
