@@ -130,10 +130,7 @@ def run_engine(ws: Workspace, engine: str, days: int) -> dict[str, float]:
 
         def examples_file():
             examples = ts.build_examples(events, histories, START, end, cfg)
-            table = pa.Table.from_pandas(
-                examples[list(ts.EXAMPLE_COLUMNS)], schema=ts.EXAMPLE_SCHEMA, preserve_index=False
-            )
-            ts.write_table_file(table, out / "examples.parquet")
+            ts.write_table_file(ts.examples_table(examples), out / "examples.parquet")
             return examples
 
         examples = timed("examples (cuts)", examples_file)

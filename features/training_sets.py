@@ -266,6 +266,11 @@ class EngineOutput:
     feature_refs: list[str]  # what ranker.parquet joined ([]: not asked)
 
 
+def examples_table(examples: pd.DataFrame) -> pa.Table:
+    """``examples.parquet``'s rows from the local engine's example frame."""
+    return pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], schema=EXAMPLE_SCHEMA, preserve_index=False)
+
+
 def example_counts(examples: pd.DataFrame) -> dict[str, int]:
     split_counts = examples["split"].value_counts()
     return {
@@ -286,10 +291,7 @@ def _local_engine(ws: Workspace, days: list[dt.date], start: dt.date, end: dt.da
     vocabularies = build_vocabularies(training_period(events, examples, end, cfg), cfg.vocabulary)
     del events
     write_table_file(histories.to_arrow(), out / "sequences.parquet")
-    write_table_file(
-        pa.Table.from_pandas(examples[list(EXAMPLE_COLUMNS)], schema=EXAMPLE_SCHEMA, preserve_index=False),
-        out / "examples.parquet",
-    )
+    write_table_file(examples_table(examples), out / "examples.parquet")
     values = histories.values
     max_ids = {k: int(values[k].max()) if len(values[k]) else -1 for k in ("advertiser_id", "category_id")}
     refs = []
