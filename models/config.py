@@ -101,6 +101,10 @@ class NextItemConfig:
     eval_negatives: int = 99  # leave-one-out: sampled items per user (never touched by that user)
     eval_seed: int = 0  # the sampled lists are fixed by this seed: every model ranks the same lists
     select_metric: str = "ndcg@10"  # early stopping and the exported state: this valid metric (sampled lists)
+    # every Nth epoch's validation also ranks the whole catalog (the learning curve's full-ranking line); the
+    # others rank the sampled lists alone, which is all early stopping reads. 0: never during training. The
+    # best state's final valid and test judgement always ranks both ways.
+    full_ranking_every: int = 1
 
 
 @dataclass
@@ -180,6 +184,10 @@ def validate(cfg: TrainRunConfig) -> None:
     if metric not in ("mrr", "hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10"):
         raise ValueError(
             f"next_item.select_metric must be mrr, hr@K (1, 5, 10) or ndcg@K (5, 10), got {metric!r}"
+        )
+    if cfg.next_item.full_ranking_every < 0:
+        raise ValueError(
+            f"next_item.full_ranking_every must be >= 0 (0: never during training), got {cfg.next_item.full_ranking_every}"
         )
     if cfg.split_mode not in ("time", "leave_one_out"):
         raise ValueError(f"split_mode must be 'time' or 'leave_one_out', got {cfg.split_mode!r}")

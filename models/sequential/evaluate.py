@@ -22,7 +22,7 @@ def sequence_negatives(seqs: SequenceSet, num_negatives: int = 99, seed: int = 0
 
 
 def rank_split(
-    score: Callable[[np.ndarray, str], torch.Tensor],
+    score: Callable[..., torch.Tensor],
     seqs: SequenceSet,
     split: str,
     negatives: np.ndarray,
@@ -30,21 +30,32 @@ def rank_split(
     batch_users: int = 1024,
     prefix: str = "",
     candidates: torch.Tensor | None = None,
+    full: bool = True,
 ) -> dict[str, float]:
     """Sampled and full-catalog metrics of ``score(users, split) -> (len(users), num_items)`` scores.
 
     Keys: ``<prefix><metric>`` sampled, ``<prefix>full_<metric>`` full ranking with the user's history masked,
     ``<prefix>full_unmasked_<metric>`` without. ``candidates`` (num_items,) bool: the training catalog (computed
-    from the set when None; pass it to save that work on every evaluation)."""
+    from the set when None; pass it to save that work on every evaluation). ``full=False``: the sampled metrics
+    alone, from ``score(users, split, items)`` on each user's 1 + negatives items (a model_scorer or
+    popularity_scorer); what scoring and ranking the whole catalog costs is skipped (Sports: 4.8 -> ~0.7 s)."""
     targets = torch.from_numpy(seqs.targets(split))
     negatives = torch.from_numpy(negatives)
+    order = _by_history_length(seqs, split)
+    if not full:
+        ranks = []
+        for start in range(0, seqs.num_users, batch_users):
+            users = order[start : start + batch_users]
+            scores = score(users, split, torch.cat([targets[users, None], negatives[users]], 1)).float()
+            ranks.append(sampled_ranks(scores[:, 0], scores[:, 1:]))
+        return {
+            **ranks_to_metrics(torch.cat(ranks).numpy(), prefix=prefix),
+            f"{prefix}users": float(seqs.num_users),
+        }
     num_items = seqs.data.vocab["ad_id"]
     if candidates is None:
         candidates = catalog_mask(seqs)
     sampled, masked, unmasked = [], [], []
-    # users of similar history length together: a padded encoder (SASRec) then pads little (the metrics are
-    # means over users, so their order does not matter)
-    order = np.argsort(np.minimum(seqs.history_lengths(split), seqs.max_len), kind="stable")
     for start in range(0, seqs.num_users, batch_users):
         users = order[start : start + batch_users]
         scores = score(users, split).float()
@@ -65,6 +76,21 @@ def rank_split(
     }
 
 
+def _by_history_length(seqs: SequenceSet, split: str) -> np.ndarray:
+    """Users of similar history length together: a padded encoder (SASRec) then pads little (the metrics are
+    means over users, so their order does not matter)."""
+    return np.argsort(np.minimum(seqs.history_lengths(split), seqs.max_len), kind="stable")
+
+
+def _pick(scores: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
+    """``scores`` (U, num_items) itself, or its (U, k) columns ``items``; an id beyond the table (never
+    trained) scores -inf, a miss."""
+    if items is None:
+        return scores
+    known = (items >= 0) & (items < scores.shape[1])
+    return scores.gather(1, items.clamp(0, scores.shape[1] - 1)).masked_fill(~known, -torch.inf)
+
+
 def catalog_mask(seqs: SequenceSet) -> torch.Tensor:
     """(num_items,) True for the ads of the training catalog (the full ranking's candidates)."""
     mask = torch.zeros(seqs.data.vocab["ad_id"], dtype=torch.bool)
@@ -72,26 +98,32 @@ def catalog_mask(seqs: SequenceSet) -> torch.Tensor:
     return mask
 
 
-def popularity_scorer(seqs: SequenceSet) -> Callable[[np.ndarray, str], torch.Tensor]:
-    """Scores = how often each item was a train positive (the same for every user)."""
+def popularity_scorer(seqs: SequenceSet) -> Callable[..., torch.Tensor]:
+    """Scores = how often each item was a train positive (the same for every user); of ``items`` (U, k) alone
+    when given."""
     counts = torch.from_numpy(seqs.train_counts().astype(np.float32))
-    return lambda users, split: counts[None].expand(len(users), -1)
+    return lambda users, split, items=None: _pick(counts[None].expand(len(users), -1), items)
 
 
 @torch.no_grad()
-def model_scorer(model, seqs: SequenceSet) -> Callable[[np.ndarray, str], torch.Tensor]:
-    """Scores of a sequential model: the query after each user's last event . every item vector."""
-    items = model.item_vectors()
+def model_scorer(model, seqs: SequenceSet) -> Callable[..., torch.Tensor]:
+    """Scores of a sequential model: the query after each user's last event . every item vector, or . the
+    vectors of ``items`` (U, k) alone when given (an id beyond the model's table scores -inf)."""
+    vectors = model.item_vectors()
 
-    def score(users: np.ndarray, split: str) -> torch.Tensor:
+    def score(users: np.ndarray, split: str, items: torch.Tensor | None = None) -> torch.Tensor:
         history, user_id = seqs.eval_history(users, split)
         states = model.sequence_states(history, user_id)
         last = (history.offsets[1:] - 1).clamp(min=0)
-        query = model.query(states[last]) if len(states) else states.new_zeros(len(users), items.shape[1])
+        query = model.query(states[last]) if len(states) else states.new_zeros(len(users), vectors.shape[1])
         query = torch.where(
             (history.lengths > 0)[:, None], query, torch.zeros_like(query)
         )  # no history: ties
-        return query @ items.T
+        if items is None:
+            return query @ vectors.T
+        known = (items >= 0) & (items < len(vectors))
+        picked = vectors[items.clamp(0, len(vectors) - 1)]  # (U, k, d)
+        return torch.bmm(picked, query[:, :, None])[:, :, 0].masked_fill(~known, -torch.inf)
 
     return score
 

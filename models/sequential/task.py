@@ -77,12 +77,16 @@ class NextItemTask:
         return next_item_loss(self.bundle.model, batch, self.loss_kind, self.cfg.next_item.num_negatives)
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, split: str, epoch: int | None = None) -> dict[str, float]:
+        """The leave-one-out metrics of ``split``; during training (``epoch`` given) the full-catalog ranking
+        only every ``next_item.full_ranking_every`` epochs (epoch 0, the untrained model, included)."""
+        every = self.cfg.next_item.full_ranking_every
+        full = epoch is None or (every > 0 and epoch % every == 0)
         was_training = model.training
         model.eval()
         out = rank_split(
             model_scorer(model, self.seqs), self.seqs, split, self.negatives, prefix=f"{split}_",
-            candidates=self.candidates,
+            candidates=self.candidates, full=full,
         )  # fmt: skip
         model.train(was_training)
         return out

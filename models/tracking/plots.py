@@ -25,10 +25,10 @@ def _epoch_curves(
 ) -> Path:
     """One line per metric key of ``curves`` over the evaluations of ``history`` (by ``x``), the train loss on a
     second axis."""
-    xs = [h[x] for h in history]
     fig, ax = plt.subplots(figsize=(6, 4))
     for (key, label), style in zip(curves.items(), ("o-", "s--"), strict=False):
-        ax.plot(xs, [h.get(key, np.nan) for h in history], style, label=label)
+        points = [h for h in history if key in h]  # a metric measured every few evaluations: joined points
+        ax.plot([h[x] for h in points], [h[key] for h in points], style, label=label)
     _train_loss_axis(ax, history, x)
     ax.set_xlabel(x)
     ax.set_ylabel(ylabel)

@@ -125,7 +125,7 @@ class ClickTask:
         logits, aux = self.bundle.model(batch)
         return loss_fn(logits, batch.labels, aux, self.cfg)
 
-    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, split: str, epoch: int | None = None) -> dict[str, float]:
         return evaluate_rows(
             model, self.setup.builder, self.rows[split], self.cfg.optim.eval_batch_size, f"{split}_"
         )
@@ -214,7 +214,7 @@ class LocalStrategy:
 
     def evaluate(self, state: LoopState) -> dict[str, float]:
         if not state.history:  # epoch 0: the untrained model
-            metrics = {"epoch": 0, **self.task.evaluate(self.model, "valid")}
+            metrics = {"epoch": 0, **self.task.evaluate(self.model, "valid", epoch=0)}
             self.tracker.log_metrics(metrics, step=0)
             return metrics
         metrics = {
@@ -222,7 +222,7 @@ class LocalStrategy:
             "train_loss": float(torch.stack(self.losses).mean()) if self.losses else math.nan,
         }
         trained = time.perf_counter()
-        metrics |= self.task.evaluate(self.model, "valid")
+        metrics |= self.task.evaluate(self.model, "valid", epoch=state.epoch)
         metrics |= {"train_seconds": trained - self.started, "eval_seconds": time.perf_counter() - trained}
         self.losses = []
         self.tracker.log_metrics(metrics, step=state.epoch)

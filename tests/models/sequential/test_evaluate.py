@@ -49,3 +49,24 @@ def test_oracle_ranks_first_and_a_constant_scorer_last(seqs):
     assert tied["hr@10"] == 0.0 and tied["full_hr@10"] == 0.0  # ties count against the model
     pop = rank_split(popularity_scorer(seqs), seqs, "valid", negatives, prefix="valid_")
     assert 0.0 <= pop["valid_hr@10"] <= 1.0 and pop["valid_users"] == seqs.num_users
+
+
+def test_sampled_only_ranking_equals_the_sampled_part_of_the_full_one(seqs):
+    """What training validates with between full rankings: each user's 1 + negatives items scored alone."""
+    from models.inference.bundle import build_model
+    from models.sequential.evaluate import model_scorer
+
+    negatives = sequence_negatives(seqs, 20, seed=0)
+    torch.manual_seed(0)
+    sasrec = build_model("sasrec", _sasrec_config(), seqs.data.vocab, 0).eval()
+    for scorer in (popularity_scorer(seqs), model_scorer(sasrec, seqs)):
+        both = rank_split(scorer, seqs, "valid", negatives, prefix="valid_", batch_users=7)
+        sampled = rank_split(scorer, seqs, "valid", negatives, prefix="valid_", batch_users=7, full=False)
+        assert sampled == {k: v for k, v in both.items() if "full_" not in k}
+        assert 0.0 < sampled["valid_hr@10"] < 1.0
+
+
+def _sasrec_config():
+    from models.config import SASRecConfig
+
+    return SASRecConfig(d_model=16, num_blocks=1, num_heads=1, dropout=0.0, max_len=8)

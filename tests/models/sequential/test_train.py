@@ -69,6 +69,18 @@ def test_sasrec_trains_through_the_same_loop(loo_set, tmp_path, loss):
     assert result.metrics["test_hr@10"] > _popularity(ws, name)["test_hr@10"] + 0.2
 
 
+def test_validation_ranks_the_full_catalog_every_nth_epoch_and_the_final_judgement_always(loo_set, tmp_path):
+    ws, name = loo_set
+    result = _train(
+        ws, name, tmp_path, model="sasrec", **{"optim.epochs": 4, "next_item.full_ranking_every": 2}
+    )
+    assert [("valid_full_hr@10" in h) for h in result.history] == [True, False, True, False, True]
+    assert all("valid_ndcg@10" in h for h in result.history)  # early stopping reads it at every epoch
+    assert {"valid_full_ndcg@10", "test_full_ndcg@10", "test_full_unmasked_hr@10"} <= set(result.metrics)
+    with pytest.raises(ValueError, match="full_ranking_every"):
+        _train(ws, name, tmp_path / "bad", **{"next_item.full_ranking_every": -1})
+
+
 def test_the_objective_follows_the_split_and_multi_process_training_says_why_not(loo_set, tmp_path):
     from models.sequential.task import NextItemTask
     from models.training.prepare import prepare
