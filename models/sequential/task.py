@@ -79,9 +79,10 @@ class NextItemTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, epoch: int | None = None) -> dict[str, float]:
         """The leave-one-out metrics of ``split``; during training (``epoch`` given) the full-catalog ranking
-        only every ``next_item.full_ranking_every`` epochs (epoch 0, the untrained model, included)."""
+        only every ``next_item.full_ranking_every`` epochs (epoch 0, the untrained model, included), or at every
+        epoch when the selection metric is a full-ranking one."""
         every = self.cfg.next_item.full_ranking_every
-        full = epoch is None or (every > 0 and epoch % every == 0)
+        full = epoch is None or self.select.startswith("valid_full_") or (every > 0 and epoch % every == 0)
         was_training = model.training
         model.eval()
         out = rank_split(

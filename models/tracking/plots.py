@@ -69,9 +69,10 @@ def calibration_plot(labels: np.ndarray, preds: np.ndarray, path: Path, bins: in
 
 
 def ranking_curve_plot(history: list[dict[str, float]], metric: str, path: Path) -> Path:
-    """The selection metric (e.g. valid NDCG@10, sampled lists) and its full-ranking twin per epoch, with the
-    train loss; epoch 0 is the untrained model."""
-    full = metric.replace("valid_", "valid_full_", 1)
-    curves = {metric: f"{metric} (99 sampled)", full: f"{metric} (all items)"}
+    """The selection metric (e.g. valid NDCG@10, sampled lists, or valid full_NDCG@10) and its twin of the other
+    protocol per epoch, with the train loss; epoch 0 is the untrained model."""
+    sampled = metric.replace("valid_full_", "valid_", 1)
+    full = sampled.replace("valid_", "valid_full_", 1)
+    curves = {sampled: f"{sampled} (99 sampled)", full: f"{sampled} (all items, history masked)"}
     title = "learning curve (leave-one-out, valid)"
-    return _epoch_curves(history, curves, metric.removeprefix("valid_"), title, "lower right", path)
+    return _epoch_curves(history, curves, sampled.removeprefix("valid_"), title, "lower right", path)

@@ -81,6 +81,21 @@ def test_validation_ranks_the_full_catalog_every_nth_epoch_and_the_final_judgeme
         _train(ws, name, tmp_path / "bad", **{"next_item.full_ranking_every": -1})
 
 
+def test_a_full_ranking_selection_metric_ranks_the_catalog_at_every_epoch_and_picks_the_best_state(
+    loo_set, tmp_path
+):
+    ws, name = loo_set
+    over = {"optim.epochs": 3, "next_item.full_ranking_every": 0, "next_item.select_metric": "full_hr@10"}
+    result = _train(ws, name, tmp_path, model="sasrec", **over)
+    assert all("valid_full_hr@10" in h for h in result.history)
+    best = max(result.history, key=lambda h: h["valid_full_hr@10"])  # the first of equals is kept
+    assert result.best_epoch == best["epoch"]
+    assert result.metrics["valid_full_hr@10"] == pytest.approx(best["valid_full_hr@10"])
+    assert (result.run_dir / "learning_curve.png").exists()
+    with pytest.raises(ValueError, match="select_metric"):
+        _train(ws, name, tmp_path / "bad", **{"next_item.select_metric": "full_auc"})
+
+
 def test_the_objective_follows_the_split_and_multi_process_training_says_why_not(loo_set, tmp_path):
     from models.sequential.task import NextItemTask
     from models.training.prepare import prepare
