@@ -38,7 +38,8 @@ def rank_split(
     ``<prefix>full_unmasked_<metric>`` without. ``candidates`` (num_items,) bool: the training catalog (computed
     from the set when None; pass it to save that work on every evaluation). ``full=False``: the sampled metrics
     alone, from ``score(users, split, items)`` on each user's 1 + negatives items (a model_scorer or
-    popularity_scorer); what scoring and ranking the whole catalog costs is skipped (Sports: 4.8 -> ~0.7 s)."""
+    popularity_scorer), skipping what scoring and ranking the whole catalog costs (~85% of a SASRec validation on
+    Sports)."""
     targets = torch.from_numpy(seqs.targets(split))
     negatives = torch.from_numpy(negatives)
     order = _by_history_length(seqs, split)
@@ -83,12 +84,15 @@ def _by_history_length(seqs: SequenceSet, split: str) -> np.ndarray:
 
 
 def _pick(scores: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
-    """``scores`` (U, num_items) itself, or its (U, k) columns ``items``; an id beyond the table (never
-    trained) scores -inf, a miss."""
+    """``scores`` (U, num_items) itself, or its (U, k) columns ``items``."""
     if items is None:
         return scores
-    known = (items >= 0) & (items < scores.shape[1])
-    return scores.gather(1, items.clamp(0, scores.shape[1] - 1)).masked_fill(~known, -torch.inf)
+    return _unknown_miss(scores.gather(1, items.clamp(0, scores.shape[1] - 1)), items, scores.shape[1])
+
+
+def _unknown_miss(scores: torch.Tensor, items: torch.Tensor, num_items: int) -> torch.Tensor:
+    """``scores`` (U, k) of ``items`` with the ids beyond a ``num_items`` table (never trained) at -inf: a miss."""
+    return scores.masked_fill((items < 0) | (items >= num_items), -torch.inf)
 
 
 def catalog_mask(seqs: SequenceSet) -> torch.Tensor:
@@ -121,9 +125,8 @@ def model_scorer(model, seqs: SequenceSet) -> Callable[..., torch.Tensor]:
         )  # no history: ties
         if items is None:
             return query @ vectors.T
-        known = (items >= 0) & (items < len(vectors))
         picked = vectors[items.clamp(0, len(vectors) - 1)]  # (U, k, d)
-        return torch.bmm(picked, query[:, :, None])[:, :, 0].masked_fill(~known, -torch.inf)
+        return _unknown_miss(torch.bmm(picked, query[:, :, None])[:, :, 0], items, len(vectors))
 
     return score
 
