@@ -97,7 +97,10 @@ class NextItemConfig:
         "auto"  # "full" | "sampled" | "bce" | "auto" = full while the catalog <= full_softmax_max_items
     )
     full_softmax_max_items: int = 100_000
-    num_negatives: int = 1024  # "sampled": shared uniform negatives per batch
+    num_negatives: int = 1024  # "sampled": uniform negatives
+    # "sampled": one set of negatives shared by the batch (cheap: one matmul); false draws num_negatives per
+    # position, as the published SASRec + sampled softmax figures do (blondered/transformer_benchmark)
+    shared_negatives: bool = True
     eval_negatives: int = 99  # leave-one-out: sampled items per user (never touched by that user)
     eval_seed: int = 0  # the sampled lists are fixed by this seed: every model ranks the same lists
     # early stopping and the exported state: this valid metric, of the sampled lists, or "full_<metric>" of the

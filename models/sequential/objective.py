@@ -2,8 +2,9 @@
 
 - ``full``: softmax cross-entropy over every item (affordable on CPU for catalogs of tens of thousands:
   positions x items x d multiply-adds per step; chunked, ``models.architectures.full_softmax``);
-- ``sampled``: softmax over the positive and ``num_negatives`` items drawn uniformly, shared by the batch
-  (uniform sampling needs no log-q correction; a sampled negative equal to the target is masked);
+- ``sampled``: softmax over the positive and ``num_negatives`` items drawn uniformly, shared by the batch or
+  drawn per position (uniform sampling needs no log-q correction; a sampled negative equal to the target is
+  masked);
 - ``bce``: SASRec's loss, binary cross-entropy of the positive and one uniform negative per position.
 """
 
@@ -26,7 +27,9 @@ def resolve_loss(cfg: NextItemConfig, num_items: int) -> str:
     return "full" if num_items <= cfg.full_softmax_max_items else "sampled"
 
 
-def next_item_loss(model, batch: TrainPairs, loss: str, num_negatives: int) -> torch.Tensor:
+def next_item_loss(
+    model, batch: TrainPairs, loss: str, num_negatives: int, shared_negatives: bool = True
+) -> torch.Tensor:
     """Mean loss over the batch's (source, target) pairs; ``model`` has sequence_states/query/item_vectors."""
     if batch.targets.numel() == 0:
         return model.query(model.sequence_states(batch.history, batch.user_id)).sum() * 0.0
@@ -37,7 +40,8 @@ def next_item_loss(model, batch: TrainPairs, loss: str, num_negatives: int) -> t
         return full_softmax_loss(query, model.item_vectors(), targets)
     catalog = model.num_items
     if loss == "sampled":
-        negatives = torch.randint(0, catalog, (num_negatives,), device=query.device)
+        shape = (num_negatives,) if shared_negatives else (len(targets), num_negatives)
+        negatives = torch.randint(0, catalog, shape, device=query.device)
         # the query already carries the model's temperature (the user model's cosine / temperature)
         return sampled_softmax_loss(
             query, model.item_vectors(targets), model.item_vectors(negatives), targets, negatives

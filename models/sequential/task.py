@@ -74,7 +74,10 @@ class NextItemTask:
 
     def loss(self, users: np.ndarray) -> torch.Tensor:
         batch: TrainPairs = self.seqs.train_batch(users)
-        return next_item_loss(self.bundle.model, batch, self.loss_kind, self.cfg.next_item.num_negatives)
+        nic = self.cfg.next_item
+        return next_item_loss(
+            self.bundle.model, batch, self.loss_kind, nic.num_negatives, nic.shared_negatives
+        )
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, epoch: int | None = None) -> dict[str, float]:

@@ -26,6 +26,26 @@ def test_formula_by_hand_with_temperature_and_a_masked_collision():
         sampled_softmax_loss(query, target, negatives, torch.tensor([3]), torch.tensor([5, 3]), 0.0)
 
 
+def test_per_row_negatives_equal_the_shared_formula_row_by_row():
+    torch.manual_seed(0)
+    query, target = torch.randn(3, 4), torch.randn(3, 4)
+    negatives, neg_ids = (
+        torch.randn(3, 5, 4),
+        torch.tensor([[1, 2, 3, 4, 5], [7, 7, 8, 9, 6], [0, 1, 2, 3, 4]]),
+    )
+    target_ids = torch.tensor([9, 7, 11])  # row 1 drew its own target twice: both masked
+    per_row = sampled_softmax_loss(query, target, negatives, target_ids, neg_ids, 0.7)
+    rows = [
+        sampled_softmax_loss(
+            query[i : i + 1], target[i : i + 1], negatives[i], target_ids[i : i + 1], neg_ids[i], 0.7
+        )
+        for i in range(3)
+    ]
+    assert per_row.item() == pytest.approx(torch.stack(rows).mean().item(), rel=1e-6)
+    logits = torch.cat([(query[1] * target[1]).sum()[None], negatives[1, 2:] @ query[1]]) / 0.7
+    assert rows[1].item() == pytest.approx(-torch.log_softmax(logits, 0)[0].item(), rel=1e-6)
+
+
 def test_user_model_next_event_loss_uses_the_configured_temperature():
     builder = BatchBuilder(tiny_set(), tiny_dense(), history_len=8, time_buckets=16, gap_to="previous")
     batch = builder(np.arange(10))

@@ -61,10 +61,18 @@ def test_user_model_learns_next_items_and_exports_its_best_epoch(loo_set, tmp_pa
     assert (result.run_dir / "learning_curve.png").exists()
 
 
-@pytest.mark.parametrize("loss", ["bce", "full"])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"next_item.loss": "bce"},
+        {"next_item.loss": "full"},
+        {"next_item.loss": "sampled", "next_item.num_negatives": 8, "next_item.shared_negatives": False},
+    ],
+    ids=["bce", "full", "sampled-per-position"],
+)
 def test_sasrec_trains_through_the_same_loop(loo_set, tmp_path, loss):
     ws, name = loo_set
-    result = _train(ws, name, tmp_path, model="sasrec", **{"next_item.loss": loss})
+    result = _train(ws, name, tmp_path, model="sasrec", **loss)
     assert load_bundle(result.run_dir).kind == "sasrec"
     assert result.metrics["test_hr@10"] > _popularity(ws, name)["test_hr@10"] + 0.2
 
