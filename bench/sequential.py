@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -137,8 +138,10 @@ def run_row(run_dir: Path, epoch_cap: int) -> dict:
     history = json.loads((run_dir / "history.json").read_text())
     epochs = [h for h in history if "train_seconds" in h]
     model = load_bundle(run_dir).model
+    run_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     row = {
         **json.loads((run_dir / "metrics.json").read_text()),
+        "select_metric": run_cfg["next_item"]["select_metric"],
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": len(epochs),
         "epoch_cap": epoch_cap,
@@ -243,6 +246,8 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
         for key in ("parameters", "epochs", "train_seconds", "eval_seconds", "seconds"):
             table[name][key] = float(np.mean([r[name].get(key, 0.0) for r in per_seed.values()]))
         table[name]["epochs_per_seed"] = [r[name].get("epochs", 0) for r in per_seed.values()]
+        chosen = {selection_label(r[name].get("select_metric", "ndcg@10")) for r in per_seed.values()}
+        table[name]["chosen_on"] = " / ".join(sorted(chosen))
         table[name]["epoch_cap"] = [r[name].get("epoch_cap", 0) for r in per_seed.values()]
         table[name]["stopped_early_per_seed"] = [
             r[name].get("stopped_early", True) for r in per_seed.values()
@@ -262,12 +267,18 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
     return {"seeds": sorted(per_seed), "table": table, "every_seed": wins, "budget": budgets}
 
 
+def selection_label(metric: str) -> str:
+    """``next_item.select_metric`` in words: "ndcg@10" -> "NDCG@10 (sampled)"."""
+    protocol = "full ranking, masked" if metric.startswith("full_") else "sampled"
+    return f"{metric.removeprefix('full_').upper()} ({protocol})"
+
+
 def budget_verdict(ours: dict, baseline: dict) -> str:
     """How the compared runs were budgeted: never a comparison line without it."""
     if baseline["epoch_cap"] == [0] * len(baseline["epoch_cap"]):
         return "untrained baseline"
     if all(baseline["stopped_early_per_seed"]):
-        return "baseline converged (stopped early on valid NDCG@10 in every seed)"
+        return f"baseline converged (stopped early on valid {baseline['chosen_on']} in every seed)"
     if ours["epochs_per_seed"] == baseline["epochs_per_seed"]:
         return f"at equal epochs {baseline['epochs_per_seed']} (baseline NOT converged: it hit its cap)"
     capped = [i for i, early in enumerate(baseline["stopped_early_per_seed"]) if not early]
@@ -296,8 +307,9 @@ def markdown(summary: dict, title: str, command: str) -> str:
         lines.append("")
     lines += anchor_lines(title)
     lines += [
-        "| model | parameters | epochs run per seed / cap | stopped early per seed | train s | eval s | wall s |",
-        "|---|---:|---|---|---:|---:|---:|",
+        "| model | parameters | chosen on valid | epochs run per seed / cap | stopped early per seed | train s | eval s"
+        " | wall s |",
+        "|---|---:|---|---|---|---:|---:|---:|",
     ]
     for name, row in summary["table"].items():
         trained = any(row["epoch_cap"])
@@ -305,8 +317,9 @@ def markdown(summary: dict, title: str, command: str) -> str:
         early = (
             ", ".join("yes" if e else "NO (cap)" for e in row["stopped_early_per_seed"]) if trained else "—"
         )
+        chosen = row["chosen_on"] if trained else "—"
         lines.append(
-            f"| {name} | {row['parameters']:,.0f} | {epochs} | {early} | {row['train_seconds']:.0f} | "
+            f"| {name} | {row['parameters']:,.0f} | {chosen} | {epochs} | {early} | {row['train_seconds']:.0f} | "
             f"{row['eval_seconds']:.0f} | {row['seconds']:.0f} |"
         )
     lines.append("")

@@ -55,11 +55,13 @@ def test_order_only_log_to_the_table(tmp_path):
     assert summary["every_seed"]["gemflow > popularity"]["masked_ndcg@10"]
     assert summary["every_seed"]["gemflow > popularity"]["unmasked_ndcg@10"]
     assert gem["epochs_per_seed"] and summary["table"]["sasrec"]["epoch_cap"] == [gem["epoch_cap"][0]]
+    assert gem["chosen_on"] == "NDCG@10 (sampled)"  # the checkpoint's selection metric, in words
     doc = (tmp_path / "results.md").read_text()
     assert (
         "<!-- sequential:loo -->" in doc
         and "| gemflow |" in doc
         and "history masked" in doc
         and "gemflow > sasrec in every seed (" in doc  # every comparison names its budget
+        and "| chosen on valid |" in doc
         and (tmp_path / "img" / "sequential-loo.png").exists()
     )
