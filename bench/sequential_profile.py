@@ -31,7 +31,10 @@ def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
         t1 = time.perf_counter()
         states = model.sequence_states(batch.history, batch.user_id)
         t2 = time.perf_counter()
-        loss = next_item_loss(_Cached(model, states), batch, task.loss_kind, cfg.next_item.num_negatives)
+        nic = cfg.next_item
+        loss = next_item_loss(
+            _Cached(model, states), batch, task.loss_kind, nic.num_negatives, nic.shared_negatives
+        )
         t3 = time.perf_counter()
         opt.zero_grad()
         loss.backward()
