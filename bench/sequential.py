@@ -50,6 +50,7 @@ from bench.sequential_anchors import anchor_lines  # noqa: E402
 from bench.sequential_profile import step_profile  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
+from models.training.run_folder import ResumeRefused  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # SASRec's reference optimizer (pmixer/SASRec.pytorch): Adam lr 1e-3, betas (0.9, 0.98), batch 128, no
@@ -438,7 +439,10 @@ def main() -> None:
     for seed in (
         [] if args.merge or args.collect else seeds
     ):  # the JSON is rewritten after each seed: a stop keeps the rest
-        per_seed[seed] = run_seed(args, seed, overrides)
+        try:
+            per_seed[seed] = run_seed(args, seed, overrides)
+        except ResumeRefused as err:  # a finished or stopped run is never overwritten
+            raise SystemExit(f"error: {err}; --collect tables the finished runs") from None
         if args.json:
             Path(args.json).write_text(json.dumps({"per_seed": per_seed, "summary": summarize(per_seed)},
                                                   indent=2, default=float))  # fmt: skip

@@ -47,6 +47,14 @@ def test_order_only_log_to_the_table(tmp_path):
          "--json", str(table), "--docs", str(tmp_path / "results.md")],
         check=True, cwd=REPO_ROOT, capture_output=True, text=True,
     )  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "sequential.py"), "--workspace", ws, "--training-set", "loo",
+         "--seeds", "0", "--models", "sasrec", *[f"--set={s}" for s in SMALL]],
+        cwd=REPO_ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    # a finished run is never overwritten: a one-line error, not a traceback
+    assert again.returncode == 1 and "already holds a training run" in again.stderr
+    assert "Traceback" not in again.stderr
     summary = json.loads(table.read_text())["summary"]
     assert set(summary["table"]) == {"popularity", "sasrec", "gemflow"}
     gem, pop = summary["table"]["gemflow"], summary["table"]["popularity"]
