@@ -3,9 +3,9 @@ auxiliary next-event loss, its sharded twin in ``models.training.distributed``, 
 ``sampled`` loss).
 
 Each query scores its target against uniformly drawn negatives (so no log-q correction), either shared by the
-batch or its own; a sampled negative equal to the row's target is no negative (masked). Logits are ``q . v / temperature``: the
-callers that score cosines pass the configured ``next_item_temperature``; a query already divided by it passes
-1.
+batch or its own; a sampled negative equal to the row's target is no negative (masked). Logits are
+``q . v / temperature``: the callers that score cosines pass the configured ``next_item_temperature``; a query
+already divided by it passes 1.
 """
 
 from __future__ import annotations
