@@ -47,9 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import add_record_flag, record  # noqa: E402
 from bench.sequential_anchors import anchor_lines  # noqa: E402
+from bench.sequential_paired import compare, user_ranks  # noqa: E402
+from bench.sequential_paired import markdown as paired_markdown  # noqa: E402
 from bench.sequential_profile import step_profile  # noqa: E402
 from gemflow.config import load_config  # noqa: E402
 from gemflow.workspace import Workspace  # noqa: E402
+from models.sequential.evaluate import PROTOCOL_PREFIX  # noqa: E402
 from models.training.run_folder import ResumeRefused  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +88,7 @@ METRICS = ("hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10", "mrr")
 # trained with --baseline-epochs / --baseline-patience
 BASELINES = ("sasrec", "sasrec_ce", "sasrec_sampled", "sasrec_sampled_published")
 # metric key prefixes: 1 + 99 sampled items | every trained item, history masked | every trained item
-PROTOCOLS = {"sampled": "", "masked": "full_", "unmasked": "full_unmasked_"}
+PROTOCOLS = PROTOCOL_PREFIX
 PROTOCOL_LABELS = {
     "sampled": "sampled: 1 positive + 99 items the user never touched",
     "masked": "full ranking, history masked: every trained item except the user's earlier ones (published convention)",
@@ -115,6 +118,19 @@ def popularity_row(cfg, ws: Workspace) -> dict:
     negatives = sequence_negatives(seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
     out = rank_split(popularity_scorer(seqs), seqs, "test", negatives, prefix="test_")
     return {**out, "parameters": 0, "train_seconds": 0.0, "seconds": time.perf_counter() - start}
+
+
+def paired(args, per_seed: dict[int, dict], overrides: dict[str, str]) -> dict[str, dict]:
+    """``bench.sequential_paired.compare`` of gemflow against every other model of the table."""
+    ws = Workspace(Path(args.workspace).resolve())
+    ranks = {
+        name: [
+            user_ranks(_config(args, ws, seed, name, overrides), ws, per_seed[seed][name])
+            for seed in per_seed
+        ]
+        for name in args.models
+    }
+    return compare(ranks)
 
 
 def trained_row(cfg, ws: Workspace) -> dict:
@@ -289,7 +305,7 @@ def budget_verdict(ours: dict, baseline: dict) -> str:
     )
 
 
-def markdown(summary: dict, title: str, command: str) -> str:
+def markdown(summary: dict, title: str, command: str, paired: dict | None = None) -> str:
     seeds = summary["seeds"]
     lines = [
         f"### {title}",
@@ -327,6 +343,8 @@ def markdown(summary: dict, title: str, command: str) -> str:
     for label, checks in summary["every_seed"].items():
         held = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in checks.items())
         lines.append(f"- {label} in every seed ({summary['budget'][label]}): {held}")
+    if paired:
+        lines += ["", *paired_markdown(paired, summary["seeds"])]
     return "\n".join(lines) + "\n"
 
 
@@ -400,6 +418,12 @@ def main() -> None:
         "--collect", action="store_true", help="train nothing: table the finished runs of the workspace"
     )
     add_record_flag(p)
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="add a paired bootstrap over test users of gemflow against every other model (ranks each run's best "
+        "state on test once, cached as test_ranks.npz in its folder)",
+    )
     p.add_argument("--profile", action="store_true", help="only time the phases of a training step per model")
     p.add_argument(
         "--baseline-epochs", type=int, default=0, help="epoch cap of the SASRec baselines (0: config's)"
@@ -447,9 +471,11 @@ def main() -> None:
             Path(args.json).write_text(json.dumps({"per_seed": per_seed, "summary": summarize(per_seed)},
                                                   indent=2, default=float))  # fmt: skip
     out = {"per_seed": per_seed, "summary": summarize(per_seed)}
-    if args.json and (args.merge or args.collect):
+    if args.paired and "gemflow" in args.models:
+        out["paired"] = paired(args, per_seed, overrides)
+    if args.json and (args.merge or args.collect or args.paired):
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
-    section = markdown(out["summary"], title, command)
+    section = markdown(out["summary"], title, command, out.get("paired"))
     print("\n" + section)
     if args.record:
         record_speed(out["summary"], title)

@@ -40,25 +40,45 @@ def rank_split(
     alone, from ``score(users, split, items)`` on each user's 1 + negatives items (a model_scorer or
     popularity_scorer), skipping what scoring and ranking the whole catalog costs (~85% of a SASRec validation on
     Sports)."""
+    ranks = split_ranks(
+        score, seqs, split, negatives, batch_users=batch_users, candidates=candidates, full=full
+    )
+    out = {f"{prefix}users": float(seqs.num_users)}
+    for protocol, ranked in ranks.items():
+        out |= ranks_to_metrics(ranked, prefix=prefix + PROTOCOL_PREFIX[protocol])
+    return out
+
+
+PROTOCOL_PREFIX = {"sampled": "", "masked": "full_", "unmasked": "full_unmasked_"}  # metric key prefixes
+
+
+def split_ranks(
+    score: Callable[..., torch.Tensor],
+    seqs: SequenceSet,
+    split: str,
+    negatives: np.ndarray,
+    *,
+    batch_users: int = 1024,
+    candidates: torch.Tensor | None = None,
+    full: bool = True,
+) -> dict[str, np.ndarray]:
+    """Each user's rank of the held-out item (0 = top), per protocol ("sampled", and with ``full`` "masked" and
+    "unmasked"), in ``seqs``' user order: what ``rank_split`` averages, and what a paired comparison of two
+    models over the same users reads (``bench/sequential_paired.py``)."""
     targets = torch.from_numpy(seqs.targets(split))
     negatives = torch.from_numpy(negatives)
     order = _by_history_length(seqs, split)
-    if not full:
-        ranks = []
-        for start in range(0, seqs.num_users, batch_users):
-            users = order[start : start + batch_users]
-            scores = score(users, split, torch.cat([targets[users, None], negatives[users]], 1)).float()
-            ranks.append(sampled_ranks(scores[:, 0], scores[:, 1:]))
-        return {
-            **ranks_to_metrics(torch.cat(ranks).numpy(), prefix=prefix),
-            f"{prefix}users": float(seqs.num_users),
-        }
-    num_items = seqs.data.vocab["ad_id"]
-    if candidates is None:
-        candidates = catalog_mask(seqs)
     sampled, masked, unmasked = [], [], []
+    if full:
+        num_items = seqs.data.vocab["ad_id"]
+        if candidates is None:
+            candidates = catalog_mask(seqs)
     for start in range(0, seqs.num_users, batch_users):
         users = order[start : start + batch_users]
+        if not full:
+            scores = score(users, split, torch.cat([targets[users, None], negatives[users]], 1)).float()
+            sampled.append(sampled_ranks(scores[:, 0], scores[:, 1:]))
+            continue
         scores = score(users, split).float()
         target = targets[users]
         known = (target >= 0) & (target < scores.shape[1])
@@ -69,12 +89,9 @@ def rank_split(
         m, u = full_ranks(scores, target, pos, candidates[: scores.shape[1]], history[:, : scores.shape[1]])
         masked.append(m)
         unmasked.append(u)
-    return {
-        **ranks_to_metrics(torch.cat(sampled).numpy(), prefix=prefix),
-        **ranks_to_metrics(torch.cat(masked).numpy(), prefix=f"{prefix}full_"),
-        **ranks_to_metrics(torch.cat(unmasked).numpy(), prefix=f"{prefix}full_unmasked_"),
-        f"{prefix}users": float(seqs.num_users),
-    }
+    inverse = np.argsort(order)  # back from history-length order to the user order of ``seqs``
+    ranks = {"sampled": sampled} | ({"masked": masked, "unmasked": unmasked} if full else {})
+    return {protocol: torch.cat(parts).numpy()[inverse] for protocol, parts in ranks.items()}
 
 
 def _by_history_length(seqs: SequenceSet, split: str) -> np.ndarray:
@@ -138,9 +155,21 @@ def is_next_item(bundle) -> bool:
 
 def next_item_metrics(bundle, data, split: str = "test", num_negatives: int = 99, seed: int = 0) -> dict:
     """Sampled and full leave-one-out metrics of a trained next-item ``bundle`` on ``split`` (valid | test)."""
-    cfg = bundle.cfg
-    max_len = cfg.max_len if bundle.kind == "sasrec" else cfg.max_history
-    seqs = SequenceSet(data, max_len, getattr(cfg, "time_buckets", 0))
+    seqs = _sequences(bundle, data)
     return rank_split(
         model_scorer(bundle.model.eval(), seqs), seqs, split, sequence_negatives(seqs, num_negatives, seed)
     )
+
+
+def next_item_ranks(bundle, data, split: str = "test", num_negatives: int = 99, seed: int = 0) -> dict:
+    """``split_ranks`` of a trained next-item ``bundle``: each user's rank per protocol."""
+    seqs = _sequences(bundle, data)
+    return split_ranks(
+        model_scorer(bundle.model.eval(), seqs), seqs, split, sequence_negatives(seqs, num_negatives, seed)
+    )
+
+
+def _sequences(bundle, data) -> SequenceSet:
+    cfg = bundle.cfg
+    max_len = cfg.max_len if bundle.kind == "sasrec" else cfg.max_history
+    return SequenceSet(data, max_len, getattr(cfg, "time_buckets", 0))

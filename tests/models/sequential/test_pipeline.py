@@ -64,6 +64,23 @@ def test_order_only_log_to_the_table(tmp_path):
     assert summary["every_seed"]["gemflow > popularity"]["unmasked_ndcg@10"]
     assert gem["epochs_per_seed"] and summary["table"]["sasrec"]["epoch_cap"] == [gem["epoch_cap"][0]]
     assert gem["chosen_on"] == "NDCG@10 (sampled)"  # the checkpoint's selection metric, in words
+    # the paired comparison over test users: each run's best state ranked again gives the table's figures
+    paired_json = tmp_path / "paired.json"
+    subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "sequential.py"), "--workspace", ws, "--training-set", "loo",
+         "--models", "popularity,sasrec,gemflow", *[f"--set={s}" for s in SMALL], "--collect", "--paired",
+         "--json", str(paired_json)],
+        check=True, cwd=REPO_ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    paired = json.loads(paired_json.read_text())["paired"]
+    for baseline in ("popularity", "sasrec"):
+        for key in ("sampled_ndcg@10", "masked_hr@10"):
+            gap = gem[key]["mean"] - summary["table"][baseline][key]["mean"]
+            assert paired[baseline][key]["diff"] == pytest.approx(gap, abs=1e-9)
+            assert (
+                paired[baseline][key]["low"] <= paired[baseline][key]["diff"] <= paired[baseline][key]["high"]
+            )
+    assert (tmp_path / "ws" / "sequential" / "seed0" / "gemflow" / "test_ranks.npz").exists()
     doc = (tmp_path / "results.md").read_text()
     assert (
         "<!-- sequential:loo -->" in doc
