@@ -38,6 +38,10 @@ class UserModelConfig:
     # next_item, where unit-scale random rows barely moved in training and buried the cosine scores.
     embedding_init: str = "auto"
     next_item_temperature: float = 0.05  # the next-item score is cosine / temperature
+    # next_item with item attributes: the probability that a training step leaves an item's own id row out of
+    # its item-side vector (its category, brand and attribute tokens still stand for it), so a rare item's row
+    # cannot fit the few users who touched it alone. 0 = off.
+    item_id_dropout: float = 0.0
     next_event_weight: float = 0.1  # click objective: auxiliary sampled-softmax next-ad loss; 0 disables it
     num_negatives: int = 64  # shared uniform negatives for the sampled softmax
     pooling: str = "transformer"  # ablation: "mean" = mean-pooled history tokens, no attention

@@ -155,7 +155,8 @@ class UserModel(nn.Module):
 
     def item_vectors(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """(n, d) normalized item-side vectors of ``ids`` (every ad when None): the ad's own row, plus its
-        category, advertiser and attribute tokens where the model reads item attributes."""
+        category, advertiser and attribute tokens where the model reads item attributes (in training, the own
+        row dropped with probability ``item_id_dropout``)."""
         table = self.sparse.table("ad_id")
         if ids is None:
             vec = table[: self.num_items]  # a slice: no gather, no scatter in backward
@@ -163,6 +164,9 @@ class UserModel(nn.Module):
             ids = ids.clamp(0, self.num_items)
             vec = F.embedding(ids, table)
         if self.items is not None:
+            if self.training and self.cfg.item_id_dropout > 0:
+                keep = torch.rand(vec.shape[:-1], device=vec.device) >= self.cfg.item_id_dropout
+                vec = vec * keep.unsqueeze(-1).to(vec.dtype)  # unscaled: the vector is normalized after
             known = None if ids is None else ids.clamp(max=self.item_category.numel() - 1)
 
             def pick(per_ad: torch.Tensor) -> torch.Tensor:

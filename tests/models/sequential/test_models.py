@@ -157,3 +157,21 @@ def test_losses_match_their_definitions(seqs):
         loss.backward()
     assert resolve_loss(NextItemConfig(), 10) == "full"
     assert resolve_loss(NextItemConfig(full_softmax_max_items=5), 10) == "sampled"
+
+
+def test_item_id_dropout_leaves_the_attribute_side_in_training_only(seqs):
+    """``item_id_dropout`` 1.0: in training every item vector is its category + brand + attribute tokens alone;
+    in evaluation the own id row is always back."""
+    model = _user_model(seqs, item_id_dropout=1.0)
+    ids = torch.tensor([1, 4, 7])
+    with torch.no_grad():
+        full = model.item_vectors(ids)
+        model.sparse.table("ad_id")[ids] += 1.0  # a different id row: no effect where the row is dropped
+        model.train()
+        dropped = model.item_vectors(ids)
+        assert torch.allclose(dropped, model.item_vectors()[ids], atol=1e-6)
+        model.sparse.table("ad_id")[ids] -= 1.0
+        assert torch.allclose(model.item_vectors(ids), dropped, atol=1e-6)
+        model.eval()
+        assert torch.allclose(model.item_vectors(ids), full, atol=1e-6)
+        assert not torch.allclose(dropped, full, atol=1e-3)
