@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from models.sequential.data import SequenceSet
-from models.training.leave_one_out import full_ranks, history_mask, negative_lists, training_catalog
+from models.training.leave_one_out import full_ranks, negative_lists, training_catalog
 from models.training.metrics import ranks_to_metrics, sampled_ranks
 
 
@@ -69,24 +69,22 @@ def split_ranks(
     negatives = torch.from_numpy(negatives)
     order = _by_history_length(seqs, split)
     sampled, masked, unmasked = [], [], []
-    if full:
-        num_items = seqs.data.vocab["ad_id"]
-        if candidates is None:
-            candidates = catalog_mask(seqs)
+    if full and candidates is None:
+        candidates = catalog_mask(seqs)
     for start in range(0, seqs.num_users, batch_users):
         users = order[start : start + batch_users]
         if not full:
             scores = score(users, split, torch.cat([targets[users, None], negatives[users]], 1)).float()
             sampled.append(sampled_ranks(scores[:, 0], scores[:, 1:]))
             continue
-        scores = score(users, split).float()
+        scores = score(users, split).float().contiguous()  # full_ranks counts in place: a scorer's own copy
         target = targets[users]
         known = (target >= 0) & (target < scores.shape[1])
         target = target.clamp(0, scores.shape[1] - 1)
         pos = scores.gather(1, target[:, None])[:, 0].masked_fill(~known, -torch.inf)  # never trained: a miss
         sampled.append(sampled_ranks(pos, scores.gather(1, negatives[users])))
-        history = history_mask(*seqs.history_items(users, split), num_items)
-        m, u = full_ranks(scores, target, pos, candidates[: scores.shape[1]], history[:, : scores.shape[1]])
+        history = seqs.history_items(users, split)
+        m, u = full_ranks(scores, target, pos, candidates[: scores.shape[1]], history)
         masked.append(m)
         unmasked.append(u)
     inverse = np.argsort(order)  # back from history-length order to the user order of ``seqs``

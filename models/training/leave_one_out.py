@@ -86,23 +86,28 @@ def full_ranks(
     target: torch.Tensor,
     pos: torch.Tensor,
     candidates: torch.Tensor,
-    history: torch.Tensor,
+    history: tuple[np.ndarray, np.ndarray],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(masked, unmasked) ranks of the held-out item ``target``, scored ``pos`` (U,), among ``scores`` (U, items).
 
-    ``candidates`` (items,) marks the training catalog, ``history`` (U, items) the items each user had before
-    the held-out one (masked out as competitors); the target is never its own competitor."""
-    beats = scores >= pos[:, None]
-    beats &= candidates[None]
-    beats[torch.arange(len(target)), target] = False  # never its own competitor
-    unmasked = beats.float().sum(1)  # floats: ~2x faster to sum than bools on a CPU
-    return (unmasked - (beats & history).float().sum(1)).long(), unmasked.long()
+    ``candidates`` (items,) marks the training catalog, ``history`` (offsets, values) the items each user had
+    before the held-out one, jagged (masked out as competitors); the target is never its own competitor.
 
-
-def history_mask(offsets: np.ndarray, values: np.ndarray, num_items: int) -> torch.Tensor:
-    """(U, num_items) True where a user's jagged item list (``offsets``, ``values``) holds the item."""
-    users = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    keep = (values >= 0) & (values < num_items)
-    mask = torch.zeros(len(offsets) - 1, num_items, dtype=torch.bool)
-    mask[torch.from_numpy(users[keep]), torch.from_numpy(values[keep])] = True
-    return mask
+    Overwrites ``scores``: the catalog is counted by one in-place pass (``ge_``, NaN never counts) with no
+    (users, items) temporaries; comparing into new bool/float masks cost ~20x more (~220 vs ~10 ms for 1,024
+    users x 18k items at 1 thread), more than the scoring matmul itself. The history's competitors are read
+    first, per (user, item) pair."""
+    n, num_items = scores.shape
+    offsets, values = history
+    users = torch.from_numpy(np.repeat(np.arange(n), np.diff(offsets)))
+    items = torch.from_numpy(np.asarray(values, np.int64))
+    known = (items >= 0) & (items < num_items)
+    users, items = users[known], items[known]
+    competing = candidates[items] & (items != target[users])
+    pairs = torch.unique(users[competing] * num_items + items[competing])  # an item seen twice masks once
+    users, items = pairs // num_items, pairs % num_items
+    history_beats = torch.bincount(users[scores[users, items] >= pos[users]], minlength=n)
+    scores[torch.arange(n), target] = torch.nan
+    scores.index_fill_(1, (~candidates).nonzero().squeeze(1), torch.nan)
+    unmasked = scores.ge_(pos[:, None]).sum(1).long()
+    return unmasked - history_beats, unmasked

@@ -14,7 +14,7 @@ from models.sequential.evaluate import rank_split, sequence_negatives
 from models.sequential.task import NextItemTask
 from models.training.data import TrainingSet
 from models.training.evaluate import loo_lists
-from models.training.leave_one_out import full_ranks, history_mask, training_catalog
+from models.training.leave_one_out import full_ranks, training_catalog
 from models.training.metrics import ranks_to_metrics, sampled_ranks
 
 
@@ -23,14 +23,15 @@ def test_full_ranking_masked_and_unmasked_by_hand():
     candidates = torch.tensor([True, True, True, True, True, False])
     scores = torch.tensor([[0.9, 0.5, 0.7, 0.5, 0.1, 0.99], [0.2, 0.2, 0.2, 0.2, 0.2, 0.2]])
     target = torch.tensor([1, 4])
-    history = history_mask(np.array([0, 2, 3]), np.array([0, 2, 1]), 6)  # user 0 had {0, 2}, user 1 had {1}
+    # user 0 had {0, 2} (item 0 twice: it masks once), user 1 had {1}
+    history = (np.array([0, 3, 4]), np.array([0, 2, 0, 1]))
     pos = scores.gather(1, target[:, None])[:, 0]
-    masked, unmasked = full_ranks(scores, target, pos, candidates, history)
+    masked, unmasked = full_ranks(scores.clone(), target, pos, candidates, history)
     # user 0: 0 (0.9), 2 (0.7) and 3 (0.5, a tie) beat item 1; masked, only the tie is left
     # user 1: every candidate ties (ties count against the model); masked, item 1 is no competitor
     assert masked.tolist() == [1, 3] and unmasked.tolist() == [3, 4]
     # a held-out item the model never trained (scored -inf) is a miss: every candidate beats it
-    missed = full_ranks(scores, target, torch.full((2,), -torch.inf), candidates, history)
+    missed = full_ranks(scores.clone(), target, torch.full((2,), -torch.inf), candidates, history)
     assert [r.tolist() for r in missed] == [[2, 3], [4, 4]]
     m = ranks_to_metrics(masked.numpy(), ks=(1, 5))
     assert m["hr@1"] == 0.0 and m["hr@5"] == 1.0
@@ -39,6 +40,30 @@ def test_full_ranking_masked_and_unmasked_by_hand():
     assert ranks_to_metrics(unmasked.numpy(), ks=(1,))["mrr"] == pytest.approx((1 / 4 + 1 / 5) / 2)
     # sampled: the positive 0.5 against 0.5 (a tie), 0.4 and 0.6 -> rank 2
     assert sampled_ranks(torch.tensor([0.5]), torch.tensor([[0.5, 0.4, 0.6]])).tolist() == [2]
+
+
+def test_full_ranks_equal_a_dense_reference_on_random_scores():
+    """The in-place count against the plain definition (a dense history mask), with ties, repeated history
+    items, held-out items in the history, non-candidates and never-trained (-inf) positives."""
+    rng = np.random.default_rng(0)
+    n, num_items = 50, 40
+    scores = torch.from_numpy(rng.integers(0, 6, (n, num_items)).astype(np.float32))  # many ties
+    target = torch.from_numpy(rng.integers(0, num_items, n))
+    pos = scores.gather(1, target[:, None])[:, 0]
+    pos[::7] = -torch.inf
+    candidates = torch.from_numpy(rng.random(num_items) > 0.2)
+    lengths = rng.integers(0, 12, n)
+    offsets, values = np.r_[0, np.cumsum(lengths)], rng.integers(-1, num_items + 3, lengths.sum())
+    seen = torch.zeros(n, num_items, dtype=torch.bool)
+    for u in range(n):
+        for item in values[offsets[u] : offsets[u + 1]]:
+            if 0 <= item < num_items:
+                seen[u, item] = True
+    beats = (scores >= pos[:, None]) & candidates[None]
+    beats[torch.arange(n), target] = False
+    masked, unmasked = full_ranks(scores.clone(), target, pos, candidates, (offsets, values))
+    assert unmasked.tolist() == beats.sum(1).tolist()
+    assert masked.tolist() == (beats & ~seen).sum(1).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +77,10 @@ def test_masking_removes_the_users_history_from_the_full_ranking(seqs):
 
     def history_first(users, split):  # every history item above the target, the target above the rest
         offsets, values = seqs.history_items(users, split)
-        scores = history_mask(offsets, values, num_items).float() * 2
+        scores = torch.zeros(len(users), num_items)
+        scores[
+            torch.from_numpy(np.repeat(np.arange(len(users)), np.diff(offsets))), torch.from_numpy(values)
+        ] = 2.0
         scores[torch.arange(len(users)), torch.from_numpy(seqs.targets(split)[users])] = 1.0
         return scores
 
