@@ -13,18 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from models.training.metrics import per_user_metric
+
 RANKS_FILE = "test_ranks.npz"  # per run folder: each test user's rank per protocol, written once
 METRICS = ("hr@10", "ndcg@10")
-
-
-def per_user(ranks: np.ndarray, metric: str) -> np.ndarray:
-    """Each user's HR@K (hit or not) or NDCG@K from their rank (0 = top), the way ``ranks_to_metrics`` means
-    them."""
-    kind, k = metric.split("@")
-    hit = ranks < int(k)
-    if kind == "hr":
-        return hit.astype(np.float64)
-    return np.where(hit, 1.0 / np.log2(ranks + 2.0), 0.0)
 
 
 def paired_bootstrap(
@@ -35,7 +27,10 @@ def paired_bootstrap(
     interval over users and the share of resamples where ours is not ahead (a one-sided p-value)."""
     if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs, strict=True)):
         raise ValueError("paired_bootstrap needs the same seeds and the same users for both models")
-    diff = np.mean([per_user(a, metric) - per_user(b, metric) for a, b in zip(ours, theirs, strict=True)], 0)
+    diff = np.mean(
+        [per_user_metric(a, metric) - per_user_metric(b, metric) for a, b in zip(ours, theirs, strict=True)],
+        0,
+    )
     rng = np.random.default_rng(seed)
     n = len(diff)
     means = np.empty(samples)

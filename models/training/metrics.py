@@ -74,21 +74,24 @@ RANK_KS = (1, 5, 10)
 
 
 def ranks_to_metrics(rank, ks: tuple[int, ...] = RANK_KS, prefix: str = "") -> dict[str, float]:
-    """The metrics of leave-one-out ranks (``rank`` = how many competitors scored >= the positive; 0 = top).
-
-    HR@K = P(rank < K); NDCG@K = mean 1/log2(rank + 2) over rank < K (one relevant item, so no ideal-DCG
-    division); MRR = mean 1/(rank + 1). NaN when there are no users."""
+    """The metrics of leave-one-out ranks (``rank`` = how many competitors scored >= the positive; 0 = top):
+    the means over users of ``per_user_metric``. NaN when there are no users."""
     rank = np.asarray(rank, np.float64).ravel()
+    names = ["mrr", *(f"{m}@{k}" for k in ks for m in ("hr", "ndcg"))]
     if not len(rank):
-        return {f"{prefix}mrr": float("nan")} | {
-            f"{prefix}{m}@{k}": float("nan") for k in ks for m in ("hr", "ndcg")
-        }
-    out = {f"{prefix}mrr": float(np.mean(1.0 / (rank + 1)))}
-    for k in ks:
-        hit = rank < k
-        out[f"{prefix}hr@{k}"] = float(hit.mean())
-        out[f"{prefix}ndcg@{k}"] = float(np.where(hit, 1.0 / np.log2(rank + 2), 0.0).mean())
-    return out
+        return {f"{prefix}{name}": float("nan") for name in names}
+    return {f"{prefix}{name}": float(per_user_metric(rank, name).mean()) for name in names}
+
+
+def per_user_metric(rank, metric: str) -> np.ndarray:
+    """Each user's ``metric`` from their rank: HR@K = 1 if rank < K; NDCG@K = 1/log2(rank + 2) if rank < K, else 0
+    (one relevant item, so no ideal-DCG division); MRR = 1/(rank + 1)."""
+    rank = np.asarray(rank, np.float64)
+    if metric == "mrr":
+        return 1.0 / (rank + 1)
+    kind, k = metric.split("@")
+    hit = rank < int(k)
+    return hit.astype(np.float64) if kind == "hr" else np.where(hit, 1.0 / np.log2(rank + 2), 0.0)
 
 
 def rank_metrics(pos_scores, neg_scores, ks: tuple[int, ...] = (10,)) -> dict[str, float]:

@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from bench.sequential_paired import paired_bootstrap, per_user
+from bench.sequential_paired import paired_bootstrap
 from models.sequential.data import SequenceSet
 from models.sequential.evaluate import popularity_scorer, rank_split, sequence_negatives, split_ranks
 from models.training.data import TrainingSet
-from models.training.metrics import ranks_to_metrics
+from models.training.metrics import per_user_metric, ranks_to_metrics
 
 
 def test_per_user_values_average_to_the_table_metrics():
     ranks = np.array([0, 1, 4, 9, 10, 50])
     table = ranks_to_metrics(ranks)
-    for metric in ("hr@10", "ndcg@10"):
-        assert per_user(ranks, metric).mean() == pytest.approx(table[metric])
-    assert per_user(ranks, "ndcg@10")[1] == pytest.approx(1 / np.log2(3))
+    for metric in ("hr@10", "ndcg@10", "mrr"):
+        assert per_user_metric(ranks, metric).mean() == pytest.approx(table[metric])
+    assert per_user_metric(ranks, "ndcg@10")[1] == pytest.approx(1 / np.log2(3))
 
 
 def test_paired_bootstrap_by_hand():
