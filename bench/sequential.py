@@ -29,7 +29,9 @@ full ranking with the user's history masked (the published convention) and unmas
 in each seed and whether it stopped early or hit the cap; the published anchors of the set with their protocol
 (``bench/sequential_anchors.py``); and each "gemflow > baseline" line says whether the baseline converged or
 both ran equal epochs. Mean +- sample std over seeds, per-model parameters and time, and a plot go to
-``--json`` / ``--docs``. ``--profile`` only times the phases of a training step per model.
+``--json`` / ``--docs``; ``--paired`` adds gemflow's difference to every model per test user, bootstrapped over
+users (``bench/sequential_paired.py``). ``--profile`` only times the phases of a training step per model.
+Run folders stay under ``<workspace>/sequential/seed<N>/<model>``: ``--collect`` tables them again.
 """
 
 from __future__ import annotations
