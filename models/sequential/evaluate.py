@@ -124,12 +124,14 @@ def popularity_scorer(seqs: SequenceSet) -> Callable[..., torch.Tensor]:
     return lambda users, split, items=None: _pick(counts[None].expand(len(users), -1), items)
 
 
-@torch.no_grad()
 def model_scorer(model, seqs: SequenceSet) -> Callable[..., torch.Tensor]:
     """Scores of a sequential model: the query after each user's last event . every item vector, or . the
-    vectors of ``items`` (U, k) alone when given (an id beyond the model's table scores -inf)."""
-    vectors = model.item_vectors()
+    vectors of ``items`` (U, k) alone when given (an id beyond the model's table scores -inf). Gradient-free
+    wherever it is called: a scorer that recorded autograd graphs kept ~2 GB of them per Toys test ranking."""
+    with torch.no_grad():
+        vectors = model.item_vectors()
 
+    @torch.no_grad()
     def score(users: np.ndarray, split: str, items: torch.Tensor | None = None) -> torch.Tensor:
         history, user_id = seqs.eval_history(users, split)
         states = model.sequence_states(history, user_id)

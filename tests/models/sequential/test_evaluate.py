@@ -66,6 +66,21 @@ def test_sampled_only_ranking_equals_the_sampled_part_of_the_full_one(seqs):
         assert 0.0 < sampled["valid_hr@10"] < 1.0
 
 
+def test_a_model_scorer_records_no_autograd_graph(seqs):
+    """Ranking outside training (`gemflow evaluate`, the registry gate, the paired bench) runs with gradients
+    on: a scorer whose scores carried graphs kept each batch's activations alive (~2 GB per Toys ranking)."""
+    from models.inference.bundle import build_model
+    from models.sequential.evaluate import model_scorer
+
+    sasrec = build_model("sasrec", _sasrec_config(), seqs.data.vocab, 0).eval()
+    assert torch.is_grad_enabled()
+    score = model_scorer(sasrec, seqs)
+    users = np.arange(min(4, seqs.num_users))
+    negatives = torch.from_numpy(sequence_negatives(seqs, 5, seed=0)[users])
+    for scores in (score(users, "valid"), score(users, "valid", negatives)):
+        assert not scores.requires_grad and scores.grad_fn is None
+
+
 def _sasrec_config():
     from models.config import SASRecConfig
 
