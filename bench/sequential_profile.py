@@ -33,7 +33,12 @@ def step_profile(cfg, ws: Workspace, steps: int = 8) -> dict[str, float]:
         t2 = time.perf_counter()
         nic = cfg.next_item
         loss = next_item_loss(
-            _Cached(model, states), batch, task.loss_kind, nic.num_negatives, nic.shared_negatives
+            _Cached(model, states),
+            batch,
+            task.loss_kind,
+            nic.num_negatives,
+            nic.shared_negatives,
+            task.loss_dtype,
         )
         t3 = time.perf_counter()
         opt.zero_grad()

@@ -17,6 +17,14 @@ from models.architectures.full_softmax import full_softmax_loss
 from models.architectures.sampled_softmax import sampled_softmax_loss
 from models.config import NEXT_ITEM_LOSSES, NextItemConfig
 from models.sequential.data import TrainPairs
+from models.training.distributed.precision import dtype_of, resolve
+
+
+def resolve_loss_dtype(cfg: NextItemConfig) -> torch.dtype:
+    """The full softmax's GEMM dtype for ``next_item.loss_precision``."""
+    if cfg.loss_precision not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"next_item.loss_precision must be fp32, bf16 or auto, got {cfg.loss_precision!r}")
+    return dtype_of(resolve(cfg.loss_precision, what="next_item.loss_precision")[0])
 
 
 def resolve_loss(cfg: NextItemConfig, num_items: int) -> str:
@@ -28,16 +36,22 @@ def resolve_loss(cfg: NextItemConfig, num_items: int) -> str:
 
 
 def next_item_loss(
-    model, batch: TrainPairs, loss: str, num_negatives: int, shared_negatives: bool = True
+    model,
+    batch: TrainPairs,
+    loss: str,
+    num_negatives: int,
+    shared_negatives: bool = True,
+    gemm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Mean loss over the batch's (source, target) pairs; ``model`` has sequence_states/query/item_vectors."""
+    """Mean loss over the batch's (source, target) pairs; ``model`` has sequence_states/query/item_vectors.
+    ``gemm_dtype``: the full softmax's GEMM dtype (``models.architectures.full_softmax``), None = fp32."""
     if batch.targets.numel() == 0:
         return model.query(model.sequence_states(batch.history, batch.user_id)).sum() * 0.0
     states = model.sequence_states(batch.history, batch.user_id)
     query = model.query(states[batch.sources])
     targets = batch.targets
     if loss == "full":
-        return full_softmax_loss(query, model.item_vectors(), targets)
+        return full_softmax_loss(query, model.item_vectors(), targets, gemm_dtype=gemm_dtype)
     catalog = model.num_items
     if loss == "sampled":
         shape = (num_negatives,) if shared_negatives else (len(targets), num_negatives)

@@ -15,7 +15,7 @@ from models.config import TrainRunConfig, resolve_user_model
 from models.inference.bundle import ModelBundle, build_model
 from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
 from models.sequential.evaluate import catalog_mask, model_scorer, rank_split, sequence_negatives
-from models.sequential.objective import next_item_loss, resolve_loss
+from models.sequential.objective import next_item_loss, resolve_loss, resolve_loss_dtype
 from models.training.data import TrainingSet
 from models.training.dense import DenseSpec
 
@@ -50,6 +50,7 @@ class NextItemTask:
             vocabularies=data.vocabularies,
         )  # fmt: skip
         self.loss_kind = resolve_loss(cfg.next_item, model.num_items)
+        self.loss_dtype = resolve_loss_dtype(cfg.next_item) if self.loss_kind == "full" else None
         self.negatives = sequence_negatives(self.seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
         self.candidates = catalog_mask(self.seqs)
         self.select = f"valid_{cfg.next_item.select_metric}"
@@ -76,7 +77,7 @@ class NextItemTask:
         batch: TrainPairs = self.seqs.train_batch(users)
         nic = self.cfg.next_item
         return next_item_loss(
-            self.bundle.model, batch, self.loss_kind, nic.num_negatives, nic.shared_negatives
+            self.bundle.model, batch, self.loss_kind, nic.num_negatives, nic.shared_negatives, self.loss_dtype
         )
 
     @torch.no_grad()

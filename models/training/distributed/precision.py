@@ -45,14 +45,17 @@ def choose(bf16_gflops: float, fp32_gflops: float) -> str:
     return "bf16" if bf16_gflops >= fp32_gflops else "fp32"
 
 
-def resolve(requested: str, device: torch.device | str = "cpu") -> tuple[str, dict[str, float]]:
-    """(the precision to run, the GFLOP/s measured to choose it: empty when nothing was measured)."""
+def resolve(
+    requested: str, device: torch.device | str = "cpu", what: str = "distributed.precision"
+) -> tuple[str, dict[str, float]]:
+    """(the precision to run, the GFLOP/s measured to choose it: empty when nothing was measured); ``what``
+    names the setting in the log line."""
     if requested != "auto":
         return requested, {}
     if torch.device(device).type == "cuda":
         return ("bf16" if torch.cuda.is_bf16_supported() else "fp32"), {}
     rates = {"bf16": linear_gflops(torch.bfloat16), "fp32": linear_gflops(torch.float32)}
     chosen = choose(rates["bf16"], rates["fp32"])
-    log.info("dense tower precision: %s (one-thread linear: bf16 %.1f GFLOP/s, fp32 %.1f; "
-             "distributed.precision=auto)", chosen, rates["bf16"], rates["fp32"])  # fmt: skip
+    log.info("%s=auto: %s (one-thread linear: bf16 %.1f GFLOP/s, fp32 %.1f)",
+             what, chosen, rates["bf16"], rates["fp32"])  # fmt: skip
     return chosen, rates

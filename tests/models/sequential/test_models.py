@@ -14,7 +14,7 @@ from models.architectures.layers import segment_cumulative_mean
 from models.architectures.user_model import UserModel
 from models.config import NextItemConfig, SASRecConfig, UserModelConfig, resolve_user_model
 from models.sequential.data import ItemAttributes, SequenceSet, TrainPairs
-from models.sequential.objective import next_item_loss, resolve_loss
+from models.sequential.objective import next_item_loss, resolve_loss, resolve_loss_dtype
 from models.sequential.sasrec import SASRec
 from models.training.data import TrainingSet
 
@@ -157,6 +157,19 @@ def test_losses_match_their_definitions(seqs):
         loss.backward()
     assert resolve_loss(NextItemConfig(), 10) == "full"
     assert resolve_loss(NextItemConfig(full_softmax_max_items=5), 10) == "sampled"
+
+
+def test_loss_precision_runs_the_full_softmax_gemms_in_bf16(seqs):
+    model = _models(seqs)["gemflow"]
+    batch: TrainPairs = seqs.train_batch(np.arange(16))
+    assert resolve_loss_dtype(NextItemConfig()) == torch.float32
+    bf16 = resolve_loss_dtype(NextItemConfig(loss_precision="bf16"))
+    assert bf16 == torch.bfloat16
+    assert resolve_loss_dtype(NextItemConfig(loss_precision="auto")) in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="loss_precision must be fp32, bf16 or auto, got 'fp16'"):
+        resolve_loss_dtype(NextItemConfig(loss_precision="fp16"))
+    fp32_loss = next_item_loss(model, batch, "full", 0)
+    assert abs(float(next_item_loss(model, batch, "full", 0, gemm_dtype=bf16)) - float(fp32_loss)) < 1e-3
 
 
 def test_item_id_dropout_leaves_the_attribute_side_in_training_only(seqs):
