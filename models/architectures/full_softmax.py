@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 DEFAULT_CHUNK = 64  # rows per chunk: 64 x 12k floats = 3 MB, inside L2/L3 on the CPUs we measured
+LOW_GROUP = 1024  # bf16: rows per item-gradient GEMM (rounded to whole chunks; 1,024 x 18k bf16 = 37 MB)
 
 
 class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
@@ -31,12 +32,16 @@ class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
         low = gemm_dtype is not None and gemm_dtype != query.dtype
         gemm_query, gemm_items = (query.to(gemm_dtype), items.to(gemm_dtype)) if low else (query, items)
         buffer = query.new_empty(min(chunk, n), items.shape[0])
-        low_buffer = buffer.to(gemm_dtype) if low else buffer  # the GEMMs' side of the chunk
+        # bf16: the softmax gradients of up to LOW_GROUP rows feed one item-gradient GEMM, whose (V, d) result
+        # is added to the fp32 sum once per group, not once per chunk (that add moved more bytes than the GEMM)
+        group = min(n, max(chunk, LOW_GROUP // chunk * chunk)) if low else chunk
+        low_buffer = query.new_empty(group, items.shape[0], dtype=gemm_dtype) if low else buffer
         total = query.new_zeros(())
         for start in range(0, n, chunk):
             q, t = gemm_query[start : start + chunk], targets[start : start + chunk]
+            end, at = start + q.shape[0], start % group  # the chunk's rows, and where they sit in the group
             rows = torch.arange(q.shape[0], device=q.device)
-            logits, gemm_side = buffer[: q.shape[0]], low_buffer[: q.shape[0]]
+            logits, gemm_side = buffer[: q.shape[0]], low_buffer[at : at + q.shape[0]]
             torch.mm(q, gemm_items.T, out=gemm_side)
             if low:
                 logits.copy_(gemm_side)
@@ -44,16 +49,19 @@ class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
             total += (lse - logits[rows, t]).sum()
             logits.sub_(lse[:, None]).exp_()  # the softmax, in place
             logits[rows, t] -= 1.0  # d loss_i / d logits_i (before the 1/n of the mean)
-            if low:
-                gemm_side.copy_(logits)
-            if need_query and low:
-                grad_query[start : start + q.shape[0]].copy_(torch.mm(gemm_side, gemm_items))
-            elif need_query:
-                torch.mm(logits, items, out=grad_query[start : start + q.shape[0]])
-            if need_items and low:
-                grad_items.add_(torch.mm(gemm_side.T, q))  # accumulated in fp32 across chunks
-            elif need_items:
-                grad_items.addmm_(logits.T, q)
+            if not low:
+                if need_query:
+                    torch.mm(logits, items, out=grad_query[start:end])
+                if need_items:
+                    grad_items.addmm_(logits.T, q)
+                continue
+            gemm_side.copy_(logits)
+            if need_query:
+                grad_query[start:end].copy_(torch.mm(gemm_side, gemm_items))
+            if need_items and (at + q.shape[0] == group or end == n):  # the group is full, or the last
+                grad_items.add_(
+                    torch.mm(low_buffer[: at + q.shape[0]].T, gemm_query[end - at - q.shape[0] : end])
+                )
         ctx.n = n
         ctx.save_for_backward(grad_query, grad_items)
         return total / n

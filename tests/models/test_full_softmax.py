@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.architectures import full_softmax
 from models.architectures.full_softmax import full_softmax_loss
 
 
@@ -45,16 +46,19 @@ def test_an_empty_batch_is_a_zero_loss_that_still_backpropagates():
     assert float(loss) == 0.0 and torch.count_nonzero(items.grad) == 0
 
 
-def test_bf16_gemms_keep_the_loss_and_gradients_close_to_fp32():
+@pytest.mark.parametrize("chunk, group", [(64, 1024), (7, 30)])
+def test_bf16_gemms_keep_the_loss_and_gradients_close_to_fp32(monkeypatch, chunk, group):
     """bf16 GEMMs, fp32 softmax and accumulators: the loss within 1e-4 of fp32, each gradient within 1% of its
-    norm, on cosine-scale logits (unit rows / temperature 0.05, what the user model trains) and 3 chunks."""
+    norm, on cosine-scale logits (unit rows / temperature 0.05, what the user model trains); 150 rows in one
+    item-gradient group, or in groups of 28 rows (4 chunks of 7) and a last partial one."""
+    monkeypatch.setattr(full_softmax, "LOW_GROUP", group)
     gen = torch.Generator().manual_seed(0)
     query = (F.normalize(torch.randn(150, 32, generator=gen), dim=1) * 20).requires_grad_()
     items = F.normalize(torch.randn(500, 32, generator=gen), dim=1).requires_grad_()
     targets = torch.randint(0, 500, (150,), generator=gen)
     grads = {}
     for dtype in (None, torch.bfloat16):
-        loss = full_softmax_loss(query, items, targets, gemm_dtype=dtype)
+        loss = full_softmax_loss(query, items, targets, chunk=chunk, gemm_dtype=dtype)
         loss.backward()
         grads[dtype] = (float(loss), query.grad.clone(), items.grad.clone())
         assert query.grad.dtype == items.grad.dtype == torch.float32
