@@ -103,7 +103,8 @@ class NextItemConfig:
     full_softmax_max_items: int = 100_000
     # "full": the dtype of its training GEMMs. "bf16" keeps the softmax and the gradient sums in fp32 and runs
     # the GEMMs 3-5x faster where the CPU has bf16 matmul units (AMX, AVX-512 BF16); "auto" = bf16 where this
-    # machine multiplies bf16 at least as fast as fp32 (measured once per run), else fp32.
+    # machine multiplies bf16 at least as fast as fp32 (measured once per run), else fp32. fp32 by default: the
+    # tables of docs/model-results-sequential.md were measured in it (bf16 matches them to ~0.001, same epochs).
     loss_precision: str = "fp32"
     num_negatives: int = 1024  # "sampled": uniform negatives
     # "sampled": one set of negatives shared by the batch (cheap: one matmul); false draws num_negatives per
