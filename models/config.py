@@ -104,7 +104,8 @@ class NextItemConfig:
     # "full": the dtype of its training GEMMs. "bf16" keeps the softmax and the gradient sums in fp32 and runs
     # the GEMMs 3-5x faster where the CPU has bf16 matmul units (AMX, AVX-512 BF16); "auto" = bf16 where this
     # machine multiplies bf16 at least as fast as fp32 (measured once per run), else fp32. fp32 by default: the
-    # tables of docs/model-results-sequential.md were measured in it (bf16 matches them to ~0.001, same epochs).
+    # tables of docs/model-results-sequential.md were measured in it, and bf16 is not neutral everywhere (Toys
+    # d 256: the same figures to ~0.001; Sports d 256: SASRec-CE's dot-product logits learned slower).
     loss_precision: str = "fp32"
     num_negatives: int = 1024  # "sampled": uniform negatives
     # "sampled": one set of negatives shared by the batch (cheap: one matmul); false draws num_negatives per
