@@ -150,6 +150,7 @@ def run_row(run_dir: Path, epoch_cap: int) -> dict:
     row = {
         **json.loads((run_dir / "metrics.json").read_text()),
         "select_metric": run_cfg["next_item"]["select_metric"],
+        "shape": run_shape(run_cfg, model.num_items),
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": len(epochs),
         "epoch_cap": epoch_cap,
@@ -160,6 +161,16 @@ def run_row(run_dir: Path, epoch_cap: int) -> dict:
     }
     row["seconds"] = row["train_seconds"] + row["eval_seconds"]
     return row
+
+
+def run_shape(run_cfg: dict, num_items: int) -> str:
+    """What a run trained as, for its table row: its width, and its full-softmax GEMMs where not fp32 (a table
+    can hold runs of different widths, each model at the one its valid chose)."""
+    nic = run_cfg["next_item"]
+    d = run_cfg["sasrec" if run_cfg["model"] == "sasrec" else "user_model"]["d_model"]
+    precision = nic.get("loss_precision", "fp32")
+    full = nic["loss"] == "full" or (nic["loss"] == "auto" and num_items <= nic["full_softmax_max_items"])
+    return f"d {d}" + (f", {precision} loss GEMMs" if full and precision != "fp32" else "")
 
 
 def collect(args, overrides: dict[str, str]) -> dict[int, dict]:

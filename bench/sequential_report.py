@@ -37,6 +37,7 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
         for key in ("parameters", "epochs", "train_seconds", "eval_seconds", "seconds"):
             table[name][key] = float(np.mean([r[name].get(key, 0.0) for r in per_seed.values()]))
         table[name]["epochs_per_seed"] = [r[name].get("epochs", 0) for r in per_seed.values()]
+        table[name]["shape"] = " / ".join(sorted({r[name].get("shape", "—") for r in per_seed.values()}))
         chosen = {selection_label(r[name].get("select_metric", "ndcg@10")) for r in per_seed.values()}
         table[name]["chosen_on"] = " / ".join(sorted(chosen))
         table[name]["epoch_cap"] = [r[name].get("epoch_cap", 0) for r in per_seed.values()]
@@ -98,9 +99,9 @@ def markdown(summary: dict, title: str, command: str, paired: dict | None = None
         lines.append("")
     lines += anchor_lines(title)
     lines += [
-        "| model | parameters | chosen on valid | epochs run per seed / cap | stopped early per seed | train s | eval s"
+        "| model | shape | parameters | chosen on valid | epochs run per seed / cap | stopped early per seed | train s | eval s"
         " | wall s |",
-        "|---|---:|---|---|---|---:|---:|---:|",
+        "|---|---|---:|---|---|---:|---:|---:|",
     ]
     for name, row in summary["table"].items():
         trained = any(row["epoch_cap"])
@@ -110,7 +111,7 @@ def markdown(summary: dict, title: str, command: str, paired: dict | None = None
         )
         chosen = row["chosen_on"] if trained else "—"
         lines.append(
-            f"| {name} | {row['parameters']:,.0f} | {chosen} | {epochs} | {early} | {row['train_seconds']:.0f} | "
+            f"| {name} | {row['shape']} | {row['parameters']:,.0f} | {chosen} | {epochs} | {early} | {row['train_seconds']:.0f} | "
             f"{row['eval_seconds']:.0f} | {row['seconds']:.0f} |"
         )
     lines.append("")

@@ -64,6 +64,8 @@ def test_order_only_log_to_the_table(tmp_path):
     assert summary["every_seed"]["gemflow > popularity"]["unmasked_ndcg@10"]
     assert gem["epochs_per_seed"] and summary["table"]["sasrec"]["epoch_cap"] == [gem["epoch_cap"][0]]
     assert gem["chosen_on"] == "NDCG@10 (sampled)"  # the checkpoint's selection metric, in words
+    # what each row trained as: its width (configs/sequential.yaml: 64 and SASRec's 50), fp32 GEMMs unnamed
+    assert (gem["shape"], summary["table"]["sasrec"]["shape"], pop["shape"]) == ("d 64", "d 50", "—")
     # the paired comparison over test users: each run's best state ranked again gives the table's figures
     paired_json = tmp_path / "paired.json"
     subprocess.run(
@@ -87,6 +89,6 @@ def test_order_only_log_to_the_table(tmp_path):
         and "| gemflow |" in doc
         and "history masked" in doc
         and "gemflow > sasrec in every seed (" in doc  # every comparison names its budget
-        and "| chosen on valid |" in doc
+        and "| shape | parameters | chosen on valid |" in doc
         and (tmp_path / "img" / "sequential-loo.png").exists()
     )
