@@ -150,6 +150,7 @@ def run_row(run_dir: Path, epoch_cap: int) -> dict:
     row = {
         **json.loads((run_dir / "metrics.json").read_text()),
         "select_metric": run_cfg["next_item"]["select_metric"],
+        "also_select_metric": run_cfg["next_item"].get("also_select_metric", ""),
         "shape": run_shape(run_cfg, model.num_items),
         "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": len(epochs),

@@ -16,6 +16,7 @@ import numpy as np
 from models.training.metrics import per_user_metric
 
 RANKS_FILE = "test_ranks.npz"  # per run folder: each test user's rank per protocol, written once
+OWN = "sampled_own"  # the sampled ranks of the state a run kept on a sampled valid metric (its ``model-also.pt``)
 METRICS = ("hr@10", "ndcg@10")
 
 
@@ -76,12 +77,15 @@ def markdown(paired: dict[str, dict], seeds: list[int], ours: str = "gemflow") -
         f"{seeds}; 95% bootstrap interval over users, 2,000 resamples; p = share of resamples where {ours} is "
         "not ahead; `bench/sequential_paired.py`)",
         "",
-        "| model | sampled HR@10 | sampled NDCG@10 | masked HR@10 | masked NDCG@10 |",
-        "|---|---|---|---|---|",
     ]
+    keys = ["sampled_hr@10", "sampled_ndcg@10", "masked_hr@10", "masked_ndcg@10"]
+    if any(f"{OWN}_hr@10" in cells for cells in paired.values()):
+        keys += [f"{OWN}_hr@10", f"{OWN}_ndcg@10"]
+    header = [k.replace(f"{OWN}_", "sampled (own selection) ").replace("_", " ").upper() for k in keys]
+    lines += [f"| model | {' | '.join(header)} |", "|---|" + "---|" * len(keys)]
     for name, cells in paired.items():
         row = []
-        for key in ("sampled_hr@10", "sampled_ndcg@10", "masked_hr@10", "masked_ndcg@10"):
+        for key in keys:
             c = cells.get(key)
             row.append(
                 f"{c['diff']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}] p {c['p_not_ahead']:.3f}" if c else "–"
@@ -98,17 +102,26 @@ def user_ranks(cfg, ws, row: dict) -> dict[str, np.ndarray]:
     from models.sequential.evaluate import next_item_ranks, popularity_scorer, sequence_negatives, split_ranks
     from models.training.data import TrainingSet
     from models.training.prepare import resolve_training_set
+    from models.training.train import ALSO_MODEL
 
     nic = cfg.next_item
     data = TrainingSet(resolve_training_set(cfg.training_set, ws))
     if "run_dir" not in row:
         seqs = SequenceSet(data, 1, 0)
         negatives = sequence_negatives(seqs, nic.eval_negatives, nic.eval_seed)
-        return split_ranks(popularity_scorer(seqs), seqs, "test", negatives)
+        ranks = split_ranks(popularity_scorer(seqs), seqs, "test", negatives)
+        return {**ranks, OWN: ranks["sampled"]}  # never selected: one ranking serves both
     path = Path(row["run_dir"]) / RANKS_FILE
+    own = row.get("also_select_metric", "") and not row["also_select_metric"].startswith("full_")
     if path.exists():
         with np.load(path) as saved:
-            return {k: saved[k] for k in saved.files}
-    ranks = next_item_ranks(load_bundle(path.parent), data, "test", nic.eval_negatives, nic.eval_seed)
+            ranks = {k: saved[k] for k in saved.files}
+        if OWN in ranks or not own:
+            return ranks
+    else:
+        ranks = next_item_ranks(load_bundle(path.parent), data, "test", nic.eval_negatives, nic.eval_seed)
+    if own:  # the sampled ranks of the state kept on the sampled valid metric (``model-also.pt``)
+        also = load_bundle(path.parent / ALSO_MODEL)
+        ranks[OWN] = next_item_ranks(also, data, "test", nic.eval_negatives, nic.eval_seed)["sampled"]
     np.savez_compressed(path, **ranks)
     return ranks

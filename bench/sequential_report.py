@@ -9,6 +9,7 @@ import numpy as np
 
 from bench.report import record
 from bench.sequential_anchors import anchor_lines
+from bench.sequential_paired import OWN
 from bench.sequential_paired import markdown as paired_markdown
 from models.sequential.evaluate import PROTOCOL_PREFIX as PROTOCOLS
 
@@ -18,18 +19,40 @@ PROTOCOL_LABELS = {
     "masked": "full ranking, history masked: every trained item except the user's earlier ones (published convention)",
     "unmasked": "full ranking, unmasked: every trained item",
 }
+# OWN: the sampled figures of the state each run kept on a sampled valid metric (``next_item.also_select_metric``),
+# the sampled protocol with its own selection, as S3-Rec selects; a table has it when every trained run has one
+OWN_LABEL = (
+    "sampled, each run's state chosen on its valid sampled {metric} (the sampled protocol's own selection)"
+)
+
+
+def has_own_view(per_seed: dict[int, dict[str, dict]]) -> bool:
+    return all(
+        "epoch_cap" not in row
+        or ("also_test_hr@10" in row and not row["also_select_metric"].startswith("full_"))
+        for rows in per_seed.values()
+        for row in rows.values()
+    )
+
+
+def test_value(row: dict, view: str, metric: str) -> float:
+    """A row's test ``metric`` under ``view`` (a protocol, or ``OWN``: popularity, never selected, has one)."""
+    if view == OWN:
+        return row.get(f"also_test_{metric}", row[f"test_{metric}"])
+    return row[f"test_{PROTOCOLS[view]}{metric}"]
 
 
 def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
     """Mean and sample std over seeds of every test metric, and the per-seed comparisons of record."""
     names = list(next(iter(per_seed.values())))
+    views = [*PROTOCOLS, *([OWN] if has_own_view(per_seed) else [])]
     table = {}
     for name in names:
         table[name] = {}
-        for protocol, prefix in PROTOCOLS.items():
+        for view in views:
             for metric in METRICS:
-                values = np.array([r[name][f"test_{prefix}{metric}"] for r in per_seed.values()])
-                table[name][f"{protocol}_{metric}"] = {
+                values = np.array([test_value(r[name], view, metric) for r in per_seed.values()])
+                table[name][f"{view}_{metric}"] = {
                     "mean": float(values.mean()),
                     "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
                     "per_seed": values.tolist(),
@@ -40,6 +63,8 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
         table[name]["shape"] = " / ".join(sorted({r[name].get("shape", "—") for r in per_seed.values()}))
         chosen = {selection_label(r[name].get("select_metric", "ndcg@10")) for r in per_seed.values()}
         table[name]["chosen_on"] = " / ".join(sorted(chosen))
+        also = {r[name].get("also_select_metric", "") for r in per_seed.values()} - {""}
+        table[name]["also_chosen_on"] = " / ".join(sorted(selection_label(m) for m in also))
         table[name]["epoch_cap"] = [r[name].get("epoch_cap", 0) for r in per_seed.values()]
         table[name]["stopped_early_per_seed"] = [
             r[name].get("stopped_early", True) for r in per_seed.values()
@@ -49,14 +74,20 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
         if "gemflow" in names and baseline != "gemflow":
             budgets[f"gemflow > {baseline}"] = budget_verdict(table["gemflow"], table[baseline])
             wins[f"gemflow > {baseline}"] = {
-                f"{protocol}_{metric}": all(
-                    r["gemflow"][f"test_{prefix}{metric}"] > r[baseline][f"test_{prefix}{metric}"]
+                f"{view}_{metric}": all(
+                    test_value(r["gemflow"], view, metric) > test_value(r[baseline], view, metric)
                     for r in per_seed.values()
                 )
-                for protocol, prefix in PROTOCOLS.items()
+                for view in views
                 for metric in ("hr@10", "ndcg@10")
             }
-    return {"seeds": sorted(per_seed), "table": table, "every_seed": wins, "budget": budgets}
+    return {"seeds": sorted(per_seed), "views": views, "table": table, "every_seed": wins, "budget": budgets}
+
+
+def own_metric(summary: dict) -> str:
+    """The sampled metric the ``OWN`` view's states were chosen on, in words (without the protocol)."""
+    chosen = {row["also_chosen_on"] for row in summary["table"].values() if row.get("also_chosen_on")}
+    return " / ".join(sorted(c.removesuffix(" (sampled)") for c in chosen))
 
 
 def selection_label(metric: str) -> str:
@@ -88,7 +119,8 @@ def markdown(summary: dict, title: str, command: str, paired: dict | None = None
         f"`{command}`; seeds {seeds}, mean ± sample std over seeds, test split (each user's last item).",
         "",
     ]
-    for protocol, label in PROTOCOL_LABELS.items():
+    for protocol in summary.get("views", PROTOCOLS):
+        label = PROTOCOL_LABELS.get(protocol) or OWN_LABEL.format(metric=own_metric(summary))
         lines += [f"**{label}**", "", "| model | " + " | ".join(m.upper() for m in METRICS) + " |"]
         lines.append("|---|" + "---:|" * len(METRICS))
         for name, row in summary["table"].items():
@@ -110,6 +142,8 @@ def markdown(summary: dict, title: str, command: str, paired: dict | None = None
             ", ".join("yes" if e else "NO (cap)" for e in row["stopped_early_per_seed"]) if trained else "—"
         )
         chosen = row["chosen_on"] if trained else "—"
+        if trained and row.get("also_chosen_on"):
+            chosen += f"; also kept: {row['also_chosen_on']}"
         lines.append(
             f"| {name} | {row['shape']} | {row['parameters']:,.0f} | {chosen} | {epochs} | {early} | {row['train_seconds']:.0f} | "
             f"{row['eval_seconds']:.0f} | {row['seconds']:.0f} |"

@@ -117,6 +117,12 @@ class NextItemConfig:
     # full ranking with the history masked (the published full-ranking figures select that way; it ranks the
     # catalog at every epoch)
     select_metric: str = "ndcg@10"
+    # a second valid metric (the same names) whose best state the run keeps too, ``model-also.pt``, judged on
+    # valid and test at the end (``also_*`` in metrics.json); early stopping reads select_metric only. With
+    # select_metric full_ndcg@10 and this ndcg@10, each protocol's figures can come from the state its own
+    # valid metric chose, as each published protocol selects (S3-Rec on sampled lists, the full-ranking papers
+    # on full ranking). "": none
+    also_select_metric: str = ""
     # every Nth epoch's validation also ranks the whole catalog (the learning curve's full-ranking line); the
     # others rank the sampled lists alone, which is all early stopping reads. 0: never during training. The
     # best state's final valid and test judgement always ranks both ways.
@@ -196,13 +202,19 @@ def validate(cfg: TrainRunConfig) -> None:
         raise ValueError(f"model must be 'user', 'ranker' or 'sasrec', got {cfg.model!r}")
     if cfg.next_item.loss not in NEXT_ITEM_LOSSES:
         raise ValueError(f"next_item.loss must be one of {NEXT_ITEM_LOSSES}, got {cfg.next_item.loss!r}")
-    metric = cfg.next_item.select_metric
-    if metric.removeprefix("full_") not in ("mrr", "hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10"):
-        raise ValueError(
-            "next_item.select_metric must be mrr, hr@K (1, 5, 10) or ndcg@K (5, 10), of the sampled lists or "
-            f"prefixed full_ (full ranking, history masked), got {metric!r}"
-        )
-    if cfg.next_item.full_ranking_every < 0:
+    nic = cfg.next_item
+    chosen = {"select_metric": nic.select_metric}
+    if nic.also_select_metric:
+        chosen["also_select_metric"] = nic.also_select_metric
+    for key, metric in chosen.items():
+        if metric.removeprefix("full_") not in ("mrr", "hr@1", "hr@5", "hr@10", "ndcg@5", "ndcg@10"):
+            raise ValueError(
+                f"next_item.{key} must be mrr, hr@K (1, 5, 10) or ndcg@K (5, 10), of the sampled lists or "
+                f"prefixed full_ (full ranking, history masked), got {metric!r}"
+            )
+    if nic.also_select_metric == nic.select_metric:
+        raise ValueError("next_item.also_select_metric must differ from select_metric (or be empty)")
+    if nic.full_ranking_every < 0:
         raise ValueError(
             f"next_item.full_ranking_every must be >= 0 (0: never during training), got {cfg.next_item.full_ranking_every}"
         )

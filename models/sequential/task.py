@@ -1,6 +1,6 @@
 """The next-item task of the training loop (``models.training.train``): what one epoch feeds the model, its loss, and
 the leave-one-out judgement of a split (sampled and full ranking; the best state is the highest
-``next_item.select_metric`` on valid)."""
+``next_item.select_metric`` on valid, and with ``next_item.also_select_metric`` a second one is kept too)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class NextItemTask:
         self.negatives = sequence_negatives(self.seqs, cfg.next_item.eval_negatives, cfg.next_item.eval_seed)
         self.candidates = catalog_mask(self.seqs)
         self.select = f"valid_{cfg.next_item.select_metric}"
+        self.also = f"valid_{cfg.next_item.also_select_metric}" if cfg.next_item.also_select_metric else ""
         self.num_train = self.seqs.num_users
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
@@ -86,7 +87,8 @@ class NextItemTask:
         only every ``next_item.full_ranking_every`` epochs (epoch 0, the untrained model, included), or at every
         epoch when the selection metric is a full-ranking one."""
         every = self.cfg.next_item.full_ranking_every
-        full = epoch is None or self.select.startswith("valid_full_") or (every > 0 and epoch % every == 0)
+        selects_full = any(m.startswith("valid_full_") for m in (self.select, self.also))
+        full = epoch is None or selects_full or (every > 0 and epoch % every == 0)
         was_training = model.training
         model.eval()
         out = rank_split(

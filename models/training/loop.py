@@ -32,6 +32,9 @@ class LoopConfig:
     # steps between checkpoints (0: only at the end); None: after every evaluation. Either way one at the end,
     # or where patience ran out, and the strategy's own keeping of each new best state
     checkpoint_every: int | None = None
+    # a second history key whose best state is kept too (``Strategy.keep_also``); early stopping never reads it.
+    # Its best so far is read off the history, so a resume needs nothing more in the state
+    also: str = ""
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Strategy(Protocol):
     def save_checkpoint(self, state: LoopState) -> None:
         """Persist everything a resume needs (the state included)."""
 
+    def keep_also(self, state: LoopState) -> None:
+        """Keep the current weights as the best state by ``LoopConfig.also`` (called only when it is set)."""
+
 
 def improved(value: float, best: float | None, higher_is_better: bool) -> bool:
     if best is None:
@@ -90,6 +96,14 @@ def _evaluate(strategy: Strategy, cfg: LoopConfig, state: LoopState) -> None:
         strategy.keep_best(state)
     else:
         state.bad_evals += 1
+    if cfg.also and best_so_far(state.history, cfg.also, cfg.higher_is_better):
+        strategy.keep_also(state)
+
+
+def best_so_far(history: list[dict], key: str, higher_is_better: bool) -> bool:
+    """Whether the last evaluation beats every earlier one on ``key`` (evaluations without it do not count)."""
+    *earlier, now = history
+    return key in now and all(improved(now[key], h[key], higher_is_better) for h in earlier if key in h)
 
 
 def patience_spent(cfg: LoopConfig, state: LoopState) -> bool:

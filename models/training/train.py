@@ -56,6 +56,8 @@ from models.training.prepare import Setup, prepare, resolve_objective, resolve_t
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
+# the best state by the next-item task's second metric (``next_item.also_select_metric``)
+ALSO_MODEL = "model-also.pt"
 
 
 @dataclass
@@ -108,6 +110,7 @@ class ClickTask:
     """Labelled impressions: click (+ conversion) heads, judged by validation click NE (lower is better)."""
 
     select, higher_is_better, sparse_in_backward = "valid_ne", False, True
+    also = ""  # no second kept state
 
     def __init__(self, cfg: TrainRunConfig, setup: Setup):
         self.cfg, self.setup, self.bundle = cfg, setup, setup.bundle
@@ -235,6 +238,9 @@ class LocalStrategy:
     def keep_best(self, state: LoopState) -> None:
         save_bundle(self.run_dir / "model.pt", self.task.bundle)
 
+    def keep_also(self, state: LoopState) -> None:
+        save_bundle(self.run_dir / ALSO_MODEL, self.task.bundle)
+
     def save_checkpoint(self, state: LoopState) -> None:
         atomic_save(
             {
@@ -278,7 +284,9 @@ def train(cfg: TrainRunConfig, ws: Workspace, user_embeddings: np.ndarray | None
     if task.bundle.user_model_version:
         tracker.set_tags({"user_model_version": task.bundle.user_model_version})
 
-    loop = LoopConfig(cfg.optim.epochs, cfg.optim.patience, task.select, task.higher_is_better)
+    loop = LoopConfig(
+        cfg.optim.epochs, cfg.optim.patience, task.select, task.higher_is_better, also=task.also
+    )
     try:
         state = run_loop(strategy, loop, state)
         result = _finish(task, run_dir, state, tracker)
@@ -295,6 +303,12 @@ def _finish(task, run_dir: Path, state: LoopState, tracker: Tracker) -> TrainRes
     best = load_bundle(run_dir / "model.pt").model
     head = {"best_epoch": float(state.best_epoch)}
     final = final_metrics(head, lambda split: task.evaluate(best, split), state.history, task.select)
+    if task.also:  # the state chosen on the second metric, judged the same way, its keys prefixed ``also_``
+        also = load_bundle(run_dir / ALSO_MODEL).model
+        scored = [h for h in state.history if task.also in h]  # the first of equals is the one kept
+        epoch = (max if task.higher_is_better else min)(scored, key=lambda h: h[task.also])["epoch"]
+        judged = final_metrics({"best_epoch": float(epoch)}, lambda split: task.evaluate(also, split), [], "")
+        final |= {f"also_{k}": v for k, v in judged.items()}
     plots = task.plots(best, state.history, run_dir)
     record(run_dir, final, state.history, tracker, step=state.epoch, best=state.best_epoch, plots=plots)
     return TrainResult(run_dir, final, state.history, state.best_epoch, tracker.run_id)

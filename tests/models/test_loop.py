@@ -120,3 +120,27 @@ def test_non_finite_loss_stops_the_run():
 
     with pytest.raises(FloatingPointError, match="at step 0"):
         run_loop(Diverging([1.0]), cfg(), LoopState())
+
+
+def test_a_second_metric_keeps_its_own_best_state_and_never_stops_the_run():
+    class TwoMetrics(Scripted):
+        """``valid_other`` peaks early and only every other evaluation carries it; ``valid_ne`` improves on."""
+
+        other = [0.9, 0.4, None, 0.3, 0.3, 0.6, 0.2]
+
+        def evaluate(self, state):
+            out = super().evaluate(state)
+            value = self.other[len(state.history)]
+            return out if value is None else {**out, "valid_other": value}
+
+        def keep_also(self, state):
+            self.also.append(state.step)
+
+    s = TwoMetrics([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    s.also = []
+    state = run_loop(s, cfg(also="valid_other"), LoopState())
+    # lower is better here: 0.9, then 0.4 (step 3); 0.3 at step 9 (the missing value at step 6 does not count);
+    # the equal 0.3 and the worse 0.6 keep it; 0.2 at the end
+    assert s.also == [0, 3, 9, 18]
+    assert state.step == 18 and state.best_step == 18  # patience reads valid_ne alone: no early stop
+    assert s.kept == [0, 3, 6, 9, 12, 15, 18]

@@ -44,6 +44,7 @@ def test_order_only_log_to_the_table(tmp_path):
     subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "sequential.py"), "--workspace", ws, "--training-set", "loo",
          "--seeds", "0", "--models", "popularity,sasrec,gemflow", *[f"--set={s}" for s in SMALL],
+         "--set=next_item.also_select_metric=mrr",  # each run also keeps its best state on valid sampled MRR
          "--json", str(table), "--docs", str(tmp_path / "results.md")],
         check=True, cwd=REPO_ROOT, capture_output=True, text=True,
     )  # fmt: skip
@@ -76,13 +77,14 @@ def test_order_only_log_to_the_table(tmp_path):
     )  # fmt: skip
     paired = json.loads(paired_json.read_text())["paired"]
     for baseline in ("popularity", "sasrec"):
-        for key in ("sampled_ndcg@10", "masked_hr@10"):
+        for key in ("sampled_ndcg@10", "masked_hr@10", "sampled_own_hr@10"):
             gap = gem[key]["mean"] - summary["table"][baseline][key]["mean"]
             assert paired[baseline][key]["diff"] == pytest.approx(gap, abs=1e-9)
             assert (
                 paired[baseline][key]["low"] <= paired[baseline][key]["diff"] <= paired[baseline][key]["high"]
             )
     assert (tmp_path / "ws" / "sequential" / "seed0" / "gemflow" / "test_ranks.npz").exists()
+    assert gem["also_chosen_on"] == "MRR (sampled)" and "sampled_own" in summary["views"]
     doc = (tmp_path / "results.md").read_text()
     assert (
         "<!-- sequential:loo -->" in doc

@@ -127,3 +127,23 @@ def test_a_time_split_set_re_split_leave_one_out_trains_for_the_next_item(tmp_pa
     assert resolve_objective(load_config(TrainRunConfig, None, {}), tmp_path) == "click"
     resplit = load_config(TrainRunConfig, None, {"split_mode": "leave_one_out"})
     assert resolve_objective(resplit, tmp_path) == "next_item"
+
+
+def test_a_second_selection_metric_keeps_its_own_best_state_judged_like_the_first(loo_set, tmp_path):
+    ws, name = loo_set
+    over = {
+        "optim.epochs": 4,
+        "next_item.select_metric": "full_ndcg@10",
+        "next_item.also_select_metric": "hr@1",
+    }
+    result = _train(ws, name, tmp_path, model="sasrec", **over)
+    assert (result.run_dir / "model-also.pt").exists()
+    best = max(result.history, key=lambda h: h["valid_hr@1"])  # the first of equals is kept
+    metrics = result.metrics
+    assert metrics["also_best_epoch"] == best["epoch"]
+    assert metrics["also_valid_hr@1"] == pytest.approx(best["valid_hr@1"])  # that very state, scored again
+    assert {"also_test_hr@10", "also_test_full_ndcg@10"} <= set(metrics)
+    assert metrics["best_epoch"] == max(result.history, key=lambda h: h["valid_full_ndcg@10"])["epoch"]
+    for bad, match in (("full_ndcg@10", "must differ"), ("auc", "also_select_metric must be")):
+        with pytest.raises(ValueError, match=match):
+            _train(ws, name, tmp_path / bad, **{**over, "next_item.also_select_metric": bad})
