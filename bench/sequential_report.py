@@ -35,7 +35,7 @@ def has_own_view(per_seed: dict[int, dict[str, dict]]) -> bool:
     )
 
 
-def test_value(row: dict, view: str, metric: str) -> float:
+def view_value(row: dict, view: str, metric: str) -> float:
     """A row's test ``metric`` under ``view`` (a protocol, or ``OWN``: popularity, never selected, has one)."""
     if view == OWN:
         return row.get(f"also_test_{metric}", row[f"test_{metric}"])
@@ -51,7 +51,7 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
         table[name] = {}
         for view in views:
             for metric in METRICS:
-                values = np.array([test_value(r[name], view, metric) for r in per_seed.values()])
+                values = np.array([view_value(r[name], view, metric) for r in per_seed.values()])
                 table[name][f"{view}_{metric}"] = {
                     "mean": float(values.mean()),
                     "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
@@ -75,7 +75,7 @@ def summarize(per_seed: dict[int, dict[str, dict]]) -> dict:
             budgets[f"gemflow > {baseline}"] = budget_verdict(table["gemflow"], table[baseline])
             wins[f"gemflow > {baseline}"] = {
                 f"{view}_{metric}": all(
-                    test_value(r["gemflow"], view, metric) > test_value(r[baseline], view, metric)
+                    view_value(r["gemflow"], view, metric) > view_value(r[baseline], view, metric)
                     for r in per_seed.values()
                 )
                 for view in views
