@@ -81,7 +81,10 @@ def markdown(paired: dict[str, dict], seeds: list[int], ours: str = "gemflow") -
     keys = ["sampled_hr@10", "sampled_ndcg@10", "masked_hr@10", "masked_ndcg@10"]
     if any(f"{OWN}_hr@10" in cells for cells in paired.values()):
         keys += [f"{OWN}_hr@10", f"{OWN}_ndcg@10"]
-    header = [k.replace(f"{OWN}_", "sampled (own selection) ").replace("_", " ").upper() for k in keys]
+    header = [
+        f"{protocol.replace(OWN, 'sampled (own selection)')} {metric.upper()}"
+        for protocol, metric in (k.rsplit("_", 1) for k in keys)
+    ]
     lines += [f"| model | {' | '.join(header)} |", "|---|" + "---|" * len(keys)]
     for name, cells in paired.items():
         row = []

@@ -133,7 +133,7 @@ def markdown(summary: dict, title: str, command: str, paired: dict | None = None
     lines += [
         "| model | shape | parameters | chosen on valid | epochs run per seed / cap | stopped early per seed | train s | eval s"
         " | wall s |",
-        "|---|---|---:|---|---|---:|---:|---:|",
+        "|---|---|---:|---|---|---|---:|---:|---:|",
     ]
     for name, row in summary["table"].items():
         trained = any(row["epoch_cap"])

@@ -59,6 +59,9 @@ def test_the_sampled_protocol_with_its_own_selection_is_a_block_of_its_own():
     text = markdown(summary, "t", "cmd")
     assert "**sampled, each run's state chosen on its valid sampled NDCG@10" in text
     assert "NDCG@10 (full ranking, masked); also kept: NDCG@10 (sampled)" in text
+    for block in text.split("\n\n"):  # every row of every markdown table has its header's columns
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert len({row.count("|") for row in rows}) <= 1, rows
     # one trained run without such a state: no block, rather than a block that mixes selections
     per_seed[1]["sasrec"] = _row(0.4)
     assert "sampled_own" not in summarize(per_seed)["views"]
