@@ -20,6 +20,12 @@ OWN = "sampled_own"  # the sampled ranks of the state a run kept on a sampled va
 METRICS = ("hr@10", "ndcg@10")
 
 
+def kept_on_sampled(row: dict) -> bool:
+    """Whether a table row's run kept a second state on a sampled valid metric (``next_item.also_select_metric``)."""
+    also = row.get("also_select_metric", "")
+    return bool(also) and not also.startswith("full_")
+
+
 def paired_bootstrap(
     ours: list[np.ndarray], theirs: list[np.ndarray], metric: str, *, samples: int = 2000, seed: int = 0
 ) -> dict[str, float]:
@@ -115,7 +121,7 @@ def user_ranks(cfg, ws, row: dict) -> dict[str, np.ndarray]:
         ranks = split_ranks(popularity_scorer(seqs), seqs, "test", negatives)
         return {**ranks, OWN: ranks["sampled"]}  # never selected: one ranking serves both
     path = Path(row["run_dir"]) / RANKS_FILE
-    own = row.get("also_select_metric", "") and not row["also_select_metric"].startswith("full_")
+    own = kept_on_sampled(row)
     if path.exists():
         with np.load(path) as saved:
             ranks = {k: saved[k] for k in saved.files}

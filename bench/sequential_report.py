@@ -9,7 +9,7 @@ import numpy as np
 
 from bench.report import record
 from bench.sequential_anchors import anchor_lines
-from bench.sequential_paired import OWN
+from bench.sequential_paired import OWN, kept_on_sampled
 from bench.sequential_paired import markdown as paired_markdown
 from models.sequential.evaluate import PROTOCOL_PREFIX as PROTOCOLS
 
@@ -28,8 +28,7 @@ OWN_LABEL = (
 
 def has_own_view(per_seed: dict[int, dict[str, dict]]) -> bool:
     return all(
-        "epoch_cap" not in row
-        or ("also_test_hr@10" in row and not row["also_select_metric"].startswith("full_"))
+        "epoch_cap" not in row or ("also_test_hr@10" in row and kept_on_sampled(row))
         for rows in per_seed.values()
         for row in rows.values()
     )
